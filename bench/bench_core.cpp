@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: Apache-2.0
+// Core utilities:
+//   BM_core_first_touch/MiB/huge    allocate an aligned_buffer and pre-fault it, with small
+//                                    (huge=0) or transparent huge pages (huge=1): what a
+//                                    buffer allocated per step would cost every step
+//   BM_core_bulk_overhead/threads   an empty bulk of `threads` calls: the fixed cost of
+//                                    splitting work across the pool
+#include "bench_support.hpp"
+
+namespace sb = stellatrain::bench;
+
+namespace {
+
+void BM_core_first_touch(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0)) << 20;
+  const bool huge = state.range(1) != 0;
+  for (auto _ : state) {
+    stellatrain::aligned_buffer<std::byte> b(bytes, {.prefault = true, .huge_pages = huge});
+    benchmark::DoNotOptimize(b.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+}
+BENCHMARK(BM_core_first_touch)
+    ->ArgNames({"MiB", "huge"})
+    ->Args({64, 0})
+    ->Args({64, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+void BM_core_bulk_overhead(benchmark::State& state) {
+  const auto threads = static_cast<std::size_t>(state.range(0));
+  auto& pool = sb::pool(threads);
+  std::atomic<std::size_t> sink{0};
+  for (auto _ : state) {
+    pool.bulk(threads, [&](std::size_t i) { sink.fetch_add(i, std::memory_order_relaxed); });
+  }
+  benchmark::DoNotOptimize(sink.load());
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_core_bulk_overhead)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+}  // namespace

@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: Apache-2.0
+// A small fixed-size thread pool (std::jthread) that models `executor` and also runs
+// independent tasks with a future for their result.
+#pragma once
+
+#include <stellatrain/config.hpp>
+#include <stellatrain/core/error.hpp>
+#include <stellatrain/core/executor.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace stellatrain {
+
+namespace detail {
+
+// Shared between the caller of bulk() and the helper tasks it posts. Helpers that start after
+// every index was claimed see `next >= count` and return without touching `fn`, so a late
+// helper never calls into the caller's (by then destroyed) callable.
+struct bulk_state {
+  std::size_t count = 0;
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::size_t> done{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;
+  std::exception_ptr error;
+  void (*invoke)(void*, std::size_t) = nullptr;
+  void* fn = nullptr;
+
+  void run() noexcept {
+    for (;;) {
+      const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= count) return;
+      if (!failed.load(std::memory_order_relaxed)) {
+        try {
+          invoke(fn, i);
+        } catch (...) {
+          std::lock_guard lock(error_mutex);
+          if (!error) error = std::current_exception();
+          failed.store(true, std::memory_order_relaxed);
+        }
+      }
+      if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == count) done.notify_all();
+    }
+  }
+
+  void wait() noexcept {
+    for (std::size_t d = done.load(std::memory_order_acquire); d != count;
+         d = done.load(std::memory_order_acquire)) {
+      done.wait(d, std::memory_order_acquire);
+    }
+  }
+};
+
+}  // namespace detail
+
+/// The number of hardware threads, or 1 where it is unknown.
+[[nodiscard]] inline std::size_t hardware_threads() noexcept {
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+/// A fixed set of worker threads.
+///
+/// - As an `executor`: `bulk(n, f)` runs on the calling thread plus up to `threads() - 1`
+///   workers, so at most `threads()` calls run at once; it may be called from several threads
+///   at once and from inside a task or a bulk call (the caller always makes progress itself).
+/// - As a task queue: `submit(f)` runs `f()` on a worker, first in first out, and returns a
+///   `std::future` of its result (an exception thrown by `f` is stored in the future).
+///
+/// The destructor stops the workers after their current task; tasks still queued are dropped
+/// (their futures report `std::future_errc::broken_promise`). Destroy the pool only when no
+/// `bulk` call on it is in progress.
+///
+/// \code
+///   stellatrain::thread_pool pool{2};
+///   std::vector<float> x(1 << 20, 1.0f);
+///   stellatrain::for_each_chunk(pool, x.size(), 1 << 16, [&](std::uint64_t b, std::uint64_t e) {
+///     for (auto i = b; i < e; ++i) x[i] *= 2.0f;
+///   });
+///   auto answer = pool.submit([] { return 42; }).get();
+/// \endcode
+class thread_pool {
+ public:
+  /// Starts `threads` workers (0 is taken as 1).
+  explicit thread_pool(std::size_t threads = hardware_threads()) {
+    threads = std::max<std::size_t>(threads, 1);
+    workers_.reserve(threads);
+    for (std::size_t i = 0; i < threads; ++i) {
+      workers_.emplace_back([this](std::stop_token stop) { work(stop); });
+    }
+  }
+
+  thread_pool(const thread_pool&) = delete;
+  thread_pool& operator=(const thread_pool&) = delete;
+
+  ~thread_pool() {
+    for (auto& w : workers_) w.request_stop();
+    ready_.notify_all();
+    workers_.clear();  // joins
+  }
+
+  /// Number of worker threads.
+  [[nodiscard]] std::size_t threads() const noexcept { return workers_.size(); }
+
+  /// At most this many calls of one `bulk` run at once: `threads()`.
+  [[nodiscard]] std::size_t concurrency() const noexcept { return workers_.size(); }
+
+  /// Calls `f(i)` for every `i` in `[0, n)` and returns when all calls returned; rethrows the
+  /// first exception (calls not yet started when it was thrown are skipped).
+  template <class F>
+  void bulk(std::size_t n, F&& f) {
+    if (n == 0) return;
+    using fn_type = std::remove_reference_t<F>;
+    auto state = std::make_shared<detail::bulk_state>();
+    state->count = n;
+    state->fn = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
+    state->invoke = [](void* p, std::size_t i) { (*static_cast<fn_type*>(p))(i); };
+    const std::size_t helpers = std::min(n, concurrency()) - 1;
+    if (helpers > 0) {
+      {
+        std::lock_guard lock(mutex_);
+        for (std::size_t h = 0; h < helpers; ++h) {
+          queue_.emplace_back([state] { state->run(); });
+        }
+      }
+      if (helpers == 1) {
+        ready_.notify_one();
+      } else {
+        ready_.notify_all();
+      }
+    }
+    state->run();
+    state->wait();
+    if (state->error) std::rethrow_exception(state->error);
+  }
+
+  /// Runs `f()` on a worker; the future holds its result or its exception.
+  template <class F>
+  [[nodiscard]] auto submit(F&& f) -> std::future<std::invoke_result_t<std::decay_t<F>>> {
+    using result = std::invoke_result_t<std::decay_t<F>>;
+    auto task = std::make_shared<std::packaged_task<result()>>(std::forward<F>(f));
+    auto future = task->get_future();
+    {
+      std::lock_guard lock(mutex_);
+      queue_.emplace_back([task] { (*task)(); });
+    }
+    ready_.notify_one();
+    return future;
+  }
+
+ private:
+  void work(std::stop_token stop) {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mutex_);
+        if (!ready_.wait(lock, stop, [this] { return !queue_.empty(); })) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();  // bulk helpers and packaged tasks do not throw
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable_any ready_;
+  std::deque<std::function<void()>> queue_;
+  std::vector<std::jthread> workers_;  // last: joined before the queue is destroyed
+};
+
+static_assert(executor<thread_pool>);
+
+}  // namespace stellatrain

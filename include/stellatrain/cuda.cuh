@@ -1,0 +1,8 @@
+// SPDX-License-Identifier: Apache-2.0
+// GPU umbrella header: everything in <stellatrain/stellatrain.hpp> plus the CUDA parts.
+// Include it from .cu files compiled by nvcc.
+#pragma once
+
+#include <stellatrain/stellatrain.hpp>
+
+#include <stellatrain/core/cuda_check.cuh>

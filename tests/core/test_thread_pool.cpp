@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <stellatrain/core/executor.hpp>
+#include <stellatrain/core/thread_pool.hpp>
+
+#include "catch.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+using namespace stellatrain;
+
+namespace {
+struct no_concurrency {
+  template <class F>
+  void bulk(std::size_t n, F&& f) {
+    for (std::size_t i = 0; i < n; ++i) f(i);
+  }
+};
+struct no_bulk {
+  std::size_t concurrency() const noexcept { return 1; }
+};
+}  // namespace
+
+TEST_CASE("executor concept accepts the shipped executors and rejects archetypes", "[executor]") {
+  STATIC_REQUIRE(executor<inline_executor>);
+  STATIC_REQUIRE(executor<thread_pool>);
+  STATIC_REQUIRE_FALSE(executor<no_concurrency>);
+  STATIC_REQUIRE_FALSE(executor<no_bulk>);
+  STATIC_REQUIRE_FALSE(executor<int>);
+}
+
+TEST_CASE("bulk calls every index exactly once", "[thread_pool]") {
+  const std::size_t threads = GENERATE(1, 2, 3, 8);
+  thread_pool pool{threads};
+  CHECK(pool.concurrency() == threads);
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, threads - 1, threads, threads + 1,
+                        std::size_t{1000}, std::size_t{100003}}) {
+    std::vector<std::atomic<int>> hits(n);
+    pool.bulk(n, [&](std::size_t i) { hits[i].fetch_add(1, std::memory_order_relaxed); });
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(hits[i].load() == 1);
+  }
+}
+
+TEST_CASE("bulk runs calls on several threads", "[thread_pool]") {
+  thread_pool pool{4};
+  std::mutex m;
+  std::set<std::thread::id> ids;
+  std::atomic<int> arrived{0};
+  pool.bulk(4, [&](std::size_t) {
+    {
+      std::lock_guard lock(m);
+      ids.insert(std::this_thread::get_id());
+    }
+    // Hold every call until all four have started: only possible if they run concurrently.
+    arrived.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (arrived.load() < 4 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  });
+  CHECK(arrived.load() == 4);
+  CHECK(ids.size() == 4);
+}
+
+TEST_CASE("bulk rethrows the first exception and skips later calls", "[thread_pool]") {
+  thread_pool pool{2};
+  std::atomic<std::size_t> calls{0};
+  CHECK_THROWS_AS(pool.bulk(100000,
+                            [&](std::size_t i) {
+                              calls.fetch_add(1);
+                              if (i == 10) throw std::runtime_error("boom at 10");
+                            }),
+                  std::runtime_error);
+  CHECK(calls.load() < 100000);
+  // The pool stays usable.
+  std::atomic<int> sum{0};
+  pool.bulk(10, [&](std::size_t i) { sum += static_cast<int>(i); });
+  CHECK(sum.load() == 45);
+}
+
+TEST_CASE("nested and concurrent bulk calls complete", "[thread_pool]") {
+  thread_pool pool{2};
+  std::atomic<std::uint64_t> total{0};
+  pool.bulk(8, [&](std::size_t) {
+    pool.bulk(100, [&](std::size_t j) { total.fetch_add(j); });
+  });
+  CHECK(total.load() == 8 * 4950);
+
+  std::atomic<std::uint64_t> total2{0};
+  std::vector<std::jthread> callers;
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&] {
+      for (int r = 0; r < 50; ++r) pool.bulk(64, [&](std::size_t j) { total2.fetch_add(j); });
+    });
+  }
+  callers.clear();
+  CHECK(total2.load() == std::uint64_t{4} * 50 * (63 * 64 / 2));
+}
+
+TEST_CASE("submit returns results and exceptions through futures", "[thread_pool]") {
+  thread_pool pool{2};
+  auto a = pool.submit([] { return 6 * 7; });
+  auto b = pool.submit([]() -> int { throw std::logic_error("no"); });
+  auto c = pool.submit([] {});
+  CHECK(a.get() == 42);
+  CHECK_THROWS_AS(b.get(), std::logic_error);
+  c.get();
+}
+
+TEST_CASE("the destructor finishes the tasks already submitted", "[thread_pool]") {
+  std::atomic<int> ran{0};
+  std::vector<std::future<void>> futures;
+  {
+    thread_pool pool{1};
+    for (int i = 0; i < 200; ++i) futures.push_back(pool.submit([&] { ran.fetch_add(1); }));
+  }
+  CHECK(ran.load() == 200);
+  for (auto& f : futures) f.get();
+}
+
+TEST_CASE("for_each_chunk covers the range once in grain-sized pieces", "[executor]") {
+  thread_pool pool{3};
+  inline_executor serial;
+  for (std::uint64_t total : {0ull, 1ull, 15ull, 16ull, 17ull, 1000ull}) {
+    for (std::uint64_t grain : {0ull, 1ull, 16ull, 999ull, 5000ull}) {
+      std::vector<std::atomic<int>> hits(total);
+      std::atomic<int> pieces{0};
+      auto body = [&](std::uint64_t b, std::uint64_t e) {
+        REQUIRE(b < e);
+        REQUIRE(e - b <= std::max<std::uint64_t>(grain, 1));
+        pieces.fetch_add(1);
+        for (auto i = b; i < e; ++i) hits[i].fetch_add(1);
+      };
+      for_each_chunk(pool, total, grain, body);
+      for_each_chunk(serial, total, grain, body);
+      for (std::uint64_t i = 0; i < total; ++i) REQUIRE(hits[i].load() == 2);
+      const std::uint64_t g = std::max<std::uint64_t>(grain, 1);
+      CHECK(static_cast<std::uint64_t>(pieces.load()) == 2 * ((total + g - 1) / g));
+    }
+  }
+}
+
+TEST_CASE("balanced_grain respects its minimum and alignment", "[executor]") {
+  STATIC_REQUIRE(balanced_grain(1000, 2, 1, 1, 4) == 125);
+  STATIC_REQUIRE(balanced_grain(1000, 2, 300, 1, 4) == 300);
+  STATIC_REQUIRE(balanced_grain(1000, 2, 1, 64, 4) == 128);
+  STATIC_REQUIRE(balanced_grain(0, 2, 0, 16, 4) == 16);
+  STATIC_REQUIRE(balanced_grain(std::uint64_t{1} << 40, 2, 1, 16, 4) == std::uint64_t{1} << 37);
+}

@@ -1,0 +1,26 @@
+# SPDX-License-Identifier: Apache-2.0
+# cmake -DINCLUDE_ROOT=<dir> -P check_umbrella.cmake
+# Fails unless stellatrain/stellatrain.hpp includes every public .hpp (outside detail/) and
+# stellatrain/cuda.cuh includes every public .cuh.
+cmake_minimum_required(VERSION 3.25)
+function(check umbrella pattern)
+  file(READ "${INCLUDE_ROOT}/${umbrella}" _text)
+  file(GLOB_RECURSE _headers RELATIVE "${INCLUDE_ROOT}" "${INCLUDE_ROOT}/stellatrain/${pattern}")
+  set(_missing "")
+  foreach(h IN LISTS _headers)
+    if(h STREQUAL umbrella OR h MATCHES "/detail/")
+      continue()
+    endif()
+    string(FIND "${_text}" "#include <${h}>" _at)
+    if(_at EQUAL -1)
+      list(APPEND _missing "${h}")
+    endif()
+  endforeach()
+  if(_missing)
+    message(FATAL_ERROR "${umbrella} does not include: ${_missing}")
+  endif()
+  list(LENGTH _headers _n)
+  message(STATUS "${umbrella}: includes all ${_n} headers matching ${pattern}")
+endfunction()
+check("stellatrain/stellatrain.hpp" "*.hpp")
+check("stellatrain/cuda.cuh" "*.cuh")
