@@ -5,6 +5,8 @@
 //                                    buffer allocated per step would cost every step
 //   BM_core_bulk_overhead/threads   an empty bulk of `threads` calls: the fixed cost of
 //                                    splitting work across the pool
+#include <stellatrain/core/random_indices.hpp>
+
 #include "bench_support.hpp"
 
 namespace sb = stellatrain::bench;
@@ -38,5 +40,29 @@ void BM_core_bulk_overhead(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_core_bulk_overhead)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+}  // namespace
+
+namespace {
+
+// BM_core_sample_indices/n/k: the random-k index set of a tensor (what a receiver regenerates).
+void BM_core_sample_indices(benchmark::State& state) {
+  const auto n = static_cast<std::uint64_t>(state.range(0));
+  const auto k = static_cast<std::uint64_t>(state.range(1));
+  auto out = sb::prefaulted<std::uint32_t>(static_cast<std::size_t>(k));
+  auto ws = sb::prefaulted<std::uint64_t>(static_cast<std::size_t>(stellatrain::sample_indices_workspace_words(n)));
+  std::uint32_t step = 0;
+  for (auto _ : state) {
+    stellatrain::sample_sorted_indices<std::uint32_t>({.seed = 1, .step = step++}, n, k, out.span(), ws.span());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * k));
+}
+BENCHMARK(BM_core_sample_indices)
+    ->ArgNames({"n", "k"})
+    ->Args({sb::n25m, sb::n25m / 1000})
+    ->Args({sb::n25m, sb::n25m / 100})
+    ->Args({sb::n25m, sb::n25m / 10})
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -11,5 +11,7 @@
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/float16.hpp>
+#include <stellatrain/core/philox.hpp>
+#include <stellatrain/core/random_indices.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/core/thread_pool.hpp>
