@@ -15,3 +15,5 @@
 #include <stellatrain/core/random_indices.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/core/thread_pool.hpp>
+
+#include <stellatrain/pipeline/density_controller.hpp>

@@ -1,0 +1,214 @@
+// SPDX-License-Identifier: Apache-2.0
+// Chooses the compression density (k/n) for each training step from measurements, so that the
+// exchange of a step hides behind the compute of the next one: the "holistic configuration"
+// of the StellaTrain paper, wired in.
+#pragma once
+
+#include <stellatrain/config.hpp>
+#include <stellatrain/core/error.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <string>
+
+namespace stellatrain {
+
+/// What one training step measured, as seen by one rank.
+struct step_measurement {
+  /// Compute time of the step (forward + backward), measured between gradient hand-overs or
+  /// reported by the application.
+  double compute_seconds = 0;
+  /// Wall time the step's exchange took, from the first byte sent to the last byte received.
+  double comm_seconds = 0;
+  /// Bytes this rank's busiest link carried for the step.
+  std::uint64_t link_bytes = 0;
+  /// Throughput of the link while it was busy (bytes / busy seconds), as a metering transport
+  /// measures it; 0 when unknown (then `link_bytes / comm_seconds` net of latency is used).
+  double link_bytes_per_second = 0;
+};
+
+/// The cost model: bytes and seconds of one step's exchange at density d.
+///
+/// Each rank sends a message of `header_bytes + elements * d * bytes_per_element` bytes (the
+/// packed selection of all its tensors); a sparse all-gather over `ranks` ranks moves
+/// `ranks - 1` such messages over every rank's link, in `latency_rounds` sequential rounds of
+/// one-way latency (ranks - 1 for a ring, 1 for a direct exchange). So
+///   link_bytes(d)   = (ranks - 1) * (header_bytes + elements * d * bytes_per_element)
+///   comm_seconds(d) = link_bytes(d) / bandwidth + latency_rounds * latency.
+struct exchange_cost_model {
+  std::uint64_t elements = 0;       ///< gradient elements per step, all tensors
+  std::uint32_t ranks = 1;
+  double bytes_per_element = 8;     ///< wire bytes per selected element (index + value)
+  double header_bytes = 0;          ///< fixed bytes per message (headers, checksums, framing)
+  double latency_rounds = 0;        ///< sequential rounds of one-way latency per exchange
+
+  [[nodiscard]] double link_bytes(double density) const noexcept {
+    return static_cast<double>(ranks - 1) *
+           (header_bytes + static_cast<double>(elements) * density * bytes_per_element);
+  }
+  [[nodiscard]] double comm_seconds(double density, double bandwidth, double latency) const noexcept {
+    return link_bytes(density) / bandwidth + latency_rounds * latency;
+  }
+  /// The density whose exchange takes `seconds` (may fall outside [0, 1]).
+  [[nodiscard]] double density_for(double seconds, double bandwidth, double latency) const noexcept {
+    if (ranks <= 1 || elements == 0) return 1.0;
+    const double bytes = (seconds - latency_rounds * latency) * bandwidth / static_cast<double>(ranks - 1);
+    return (bytes - header_bytes) / (static_cast<double>(elements) * bytes_per_element);
+  }
+};
+
+/// Settings of `adaptive_density_controller`.
+struct density_controller_options {
+  double min_density = 1e-4;      ///< never select fewer than this fraction
+  double max_density = 0.1;       ///< never select more than this fraction
+  double initial_density = 0.01;  ///< until the first measurement
+  /// Aim for comm = target_ratio * compute: below 1 leaves slack for jitter.
+  double target_ratio = 0.95;
+  /// Weight of the newest sample in the moving averages of bandwidth, latency and compute (1:
+  /// no smoothing). 0.5 tracks a change to within 3% in 5 steps.
+  double smoothing = 0.5;
+  /// Leave the density alone while the new choice is within this relative distance of it: a
+  /// dead band that keeps steady state from dithering.
+  double dead_band = 0.05;
+  /// One-way link latency in seconds if known (0: estimated from measurements that carry the
+  /// link's throughput; else treated as part of the transfer time).
+  double latency_seconds = 0;
+  /// While the exchange finishes below `probe_below * target` for `probe_after` steps in a
+  /// row, the bandwidth estimate is raised by `probe_factor` (the estimate can only be
+  /// measured up to what the traffic offers; probing finds out whether there is more).
+  double probe_below = 0.5;
+  int probe_after = 3;
+  double probe_factor = 1.1;
+};
+
+/// A density policy: anything that answers `density()` for the next step and learns from each
+/// step's `step_measurement`. The pipeline calls `density()` once per step and `observe()`
+/// once the step's exchange finished. Users may supply their own model of it.
+///
+/// Minimal conforming policy:
+/// \code
+///   struct fixed_density {
+///     double d = 0.01;
+///     double density() const noexcept { return d; }
+///     void observe(const stellatrain::step_measurement&) {}
+///   };
+/// \endcode
+template <class P>
+concept density_policy = requires(P& p, const P& cp, const step_measurement& m) {
+  { cp.density() } noexcept -> std::convertible_to<double>;
+  p.observe(m);
+};
+
+/// A fixed density, for baselines and tests.
+struct fixed_density {
+  double value = 0.01;
+  [[nodiscard]] double density() const noexcept { return value; }
+  void observe(const step_measurement&) noexcept {}
+};
+
+/// Picks the largest density whose predicted exchange time stays at `target_ratio` of the
+/// compute time, within [min_density, max_density], from moving averages of the link
+/// bandwidth and of the compute time (`exchange_cost_model` predicts the exchange time).
+///
+/// Bandwidth is taken from `step_measurement::link_bytes_per_second` when given, else derived
+/// as link_bytes / (comm_seconds - latency). Changes smaller than `dead_band` are ignored, so
+/// a steady link gives a steady density; a bandwidth change moves the density within a few
+/// steps (the smoothing sets how many).
+class adaptive_density_controller {
+ public:
+  adaptive_density_controller(exchange_cost_model model, density_controller_options options = {})
+      : model_(model), options_(options), density_(clamp(options.initial_density)) {
+    if (!(options_.min_density > 0) || options_.min_density > options_.max_density ||
+        options_.max_density > 1 || !(options_.smoothing > 0) || options_.smoothing > 1 ||
+        !(options_.target_ratio > 0)) {
+      throw_error(errc::invalid_argument,
+                  "adaptive_density_controller: need 0 < min_density <= max_density <= 1, "
+                  "0 < smoothing <= 1 and target_ratio > 0");
+    }
+  }
+
+  [[nodiscard]] double density() const noexcept { return density_; }
+  /// The current bandwidth estimate in bytes per second (0 before the first measurement).
+  [[nodiscard]] double bandwidth() const noexcept { return bandwidth_; }
+  /// The current compute-time estimate in seconds (0 before the first measurement).
+  [[nodiscard]] double compute_seconds() const noexcept { return compute_; }
+  /// The current one-way latency estimate in seconds.
+  [[nodiscard]] double latency() const noexcept {
+    return options_.latency_seconds > 0 ? options_.latency_seconds : latency_;
+  }
+  [[nodiscard]] const exchange_cost_model& model() const noexcept { return model_; }
+  /// The model's prediction of the exchange time at the current density and estimates.
+  [[nodiscard]] double predicted_comm_seconds() const noexcept {
+    return bandwidth_ > 0 ? model_.comm_seconds(density_, bandwidth_, latency()) : 0.0;
+  }
+
+  void observe(const step_measurement& m) {
+    if (m.compute_seconds > 0) compute_ = average(compute_, m.compute_seconds);
+    if (m.comm_seconds > 0 && m.link_bytes > 0) {
+      const auto bytes = static_cast<double>(m.link_bytes);
+      double sample = m.link_bytes_per_second;
+      if (sample > 0) {
+        // The link's own throughput is known: what it does not explain is latency.
+        if (options_.latency_seconds <= 0 && model_.latency_rounds > 0) {
+          latency_ = average(latency_, std::max(0.0, (m.comm_seconds - bytes / sample) / model_.latency_rounds));
+        }
+      } else {
+        // Only wall times are known. Two steps whose messages differ enough in size give the
+        // line comm = rounds * latency + bytes / bandwidth (a secant); its intercept is a
+        // latency sample. Until one exists the latency counts as transfer time, which
+        // underestimates the bandwidth but still converges: each step rescales the density by
+        // target / measured.
+        if (options_.latency_seconds <= 0 && model_.latency_rounds > 0 && previous_bytes_ > 0 &&
+            std::fabs(bytes - previous_bytes_) >= 0.2 * std::max(bytes, previous_bytes_)) {
+          const double slope = (m.comm_seconds - previous_comm_) / (bytes - previous_bytes_);
+          const double intercept = m.comm_seconds - slope * bytes;
+          if (slope > 0 && intercept >= 0) latency_ = average(latency_, intercept / model_.latency_rounds);
+        }
+        previous_bytes_ = bytes;
+        previous_comm_ = m.comm_seconds;
+        const double busy = std::max(m.comm_seconds - model_.latency_rounds * latency(), 1e-3 * m.comm_seconds);
+        sample = bytes / busy;
+      }
+      bandwidth_ = average(bandwidth_, sample);
+    }
+    if (bandwidth_ <= 0 || compute_ <= 0) return;
+
+    const double target = options_.target_ratio * compute_;
+    if (m.comm_seconds > 0 && m.comm_seconds < options_.probe_below * target && density_ < options_.max_density) {
+      if (++fast_steps_ >= options_.probe_after) {
+        bandwidth_ *= options_.probe_factor;
+        fast_steps_ = 0;
+      }
+    } else {
+      fast_steps_ = 0;
+    }
+    const double wanted = clamp(model_.density_for(target, bandwidth_, latency()));
+    if (std::fabs(wanted - density_) > options_.dead_band * density_) density_ = wanted;
+  }
+
+ private:
+  [[nodiscard]] double average(double old, double sample) const noexcept {
+    return old == 0 ? sample : old + options_.smoothing * (sample - old);
+  }
+  [[nodiscard]] double clamp(double d) const noexcept {
+    if (!(d == d)) return options_.min_density;  // NaN from a degenerate model
+    return std::clamp(d, options_.min_density, options_.max_density);
+  }
+
+  exchange_cost_model model_;
+  density_controller_options options_;
+  double density_;
+  double bandwidth_ = 0;
+  double compute_ = 0;
+  double latency_ = 0;
+  double previous_bytes_ = 0;
+  double previous_comm_ = 0;
+  int fast_steps_ = 0;
+};
+
+static_assert(density_policy<adaptive_density_controller>);
+static_assert(density_policy<fixed_density>);
+
+}  // namespace stellatrain

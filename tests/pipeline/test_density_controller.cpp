@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+// The density controller against a simulated link whose bandwidth follows 100 -> 20 -> 500
+// Mbit/s: within 5 steps of each change the exchange time settles between 80% and 110% of
+// the compute time (unless a density bound is reached), and the density holds still in
+// steady state.
+#include <stellatrain/pipeline/density_controller.hpp>
+
+#include "catch.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+using namespace stellatrain;
+
+namespace {
+
+struct simulated_link {
+  exchange_cost_model model;
+  double latency;         // one-way, seconds
+  std::uint64_t noise_state = 12345;
+  double noise = 0.03;    // +-3% jitter on the transfer time
+
+  double jitter() {
+    noise_state = noise_state * 6364136223846793005ull + 1442695040888963407ull;
+    const double u = static_cast<double>(noise_state >> 11) / 9007199254740992.0;  // [0, 1)
+    return 1.0 + noise * (2.0 * u - 1.0);
+  }
+  step_measurement step(double density, double bits_per_second, double compute, bool report_throughput) {
+    const double bandwidth = bits_per_second / 8.0;
+    const double bytes = model.link_bytes(density);
+    const double transfer = bytes / bandwidth * jitter();
+    return {.compute_seconds = compute,
+            .comm_seconds = transfer + model.latency_rounds * latency,
+            .link_bytes = static_cast<std::uint64_t>(bytes),
+            .link_bytes_per_second = report_throughput ? bytes / transfer : 0.0};
+  }
+};
+
+void run_schedule(bool report_throughput, double latency_option) {
+  const exchange_cost_model model{.elements = 10'000'000, .ranks = 4, .bytes_per_element = 5.0,
+                                  .header_bytes = 200, .latency_rounds = 3};
+  simulated_link link{model, 0.010};
+  adaptive_density_controller controller(model, {.min_density = 1e-4, .max_density = 0.1,
+                                                 .initial_density = 0.01, .latency_seconds = latency_option});
+  const double compute = 0.1;
+  const std::vector<double> schedule{100e6, 20e6, 500e6};
+  const int steps_per_phase = 40;
+  for (std::size_t phase = 0; phase < schedule.size(); ++phase) {
+    std::vector<double> densities;
+    for (int s = 0; s < steps_per_phase; ++s) {
+      const double d = controller.density();
+      const auto m = link.step(d, schedule[phase], compute, report_throughput);
+      controller.observe(m);
+      densities.push_back(d);
+      if (s >= 5) {
+        const bool at_bound = d == 1e-4 || d == 0.1;
+        INFO("phase " << phase << " step " << s << " density " << d << " comm " << m.comm_seconds);
+        if (!at_bound) {
+          CHECK(m.comm_seconds >= 0.8 * compute);
+          CHECK(m.comm_seconds <= 1.1 * compute);
+        }
+      }
+    }
+    // Steady state: the last 20 steps change the density at most once, and by little.
+    int changes = 0;
+    for (int s = steps_per_phase - 20; s < steps_per_phase; ++s) {
+      if (densities[s] != densities[s - 1]) {
+        ++changes;
+        CHECK(std::fabs(densities[s] / densities[s - 1] - 1.0) < 0.1);
+      }
+    }
+    CHECK(changes <= 1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("controller follows 100 -> 20 -> 500 Mbit/s with link throughput reported", "[controller]") {
+  run_schedule(true, 0.0);
+}
+
+TEST_CASE("controller follows 100 -> 20 -> 500 Mbit/s from wall times and a known latency", "[controller]") {
+  run_schedule(false, 0.010);
+}
+
+TEST_CASE("controller follows 100 -> 20 -> 500 Mbit/s from wall times alone", "[controller]") {
+  run_schedule(false, 0.0);
+}
+
+TEST_CASE("controller respects its bounds and validates options", "[controller]") {
+  const exchange_cost_model model{.elements = 1000, .ranks = 2, .bytes_per_element = 8};
+  adaptive_density_controller fast(model, {.min_density = 0.001, .max_density = 0.05});
+  for (int i = 0; i < 10; ++i) {
+    fast.observe({.compute_seconds = 1.0, .comm_seconds = 1e-6, .link_bytes = 400, .link_bytes_per_second = 1e12});
+  }
+  CHECK(fast.density() == 0.05);
+  adaptive_density_controller slow(model, {.min_density = 0.001, .max_density = 0.05});
+  for (int i = 0; i < 10; ++i) {
+    slow.observe({.compute_seconds = 1e-3, .comm_seconds = 10.0, .link_bytes = 400, .link_bytes_per_second = 1.0});
+  }
+  CHECK(slow.density() == 0.001);
+  CHECK_THROWS_AS(adaptive_density_controller(model, {.min_density = 0.5, .max_density = 0.1}), error);
+  CHECK_THROWS_AS(adaptive_density_controller(model, {.smoothing = 0}), error);
+}
+
+TEST_CASE("density policies", "[controller]") {
+  struct no_observe {
+    double density() const noexcept { return 1; }
+  };
+  STATIC_REQUIRE(density_policy<adaptive_density_controller>);
+  STATIC_REQUIRE(density_policy<fixed_density>);
+  STATIC_REQUIRE_FALSE(density_policy<no_observe>);
+  const exchange_cost_model model{.elements = 1'000'000, .ranks = 4, .bytes_per_element = 4, .header_bytes = 100,
+                                  .latency_rounds = 3};
+  // The model inverts itself.
+  const double t = model.comm_seconds(0.02, 1e7, 0.01);
+  CHECK(model.density_for(t, 1e7, 0.01) == Approx(0.02));
+}
