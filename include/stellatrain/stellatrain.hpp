@@ -7,9 +7,16 @@
 #include <stellatrain/version.hpp>
 
 #include <stellatrain/core/aligned_buffer.hpp>
+#include <stellatrain/core/crc32c.hpp>
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/float16.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/core/thread_pool.hpp>
+
+#include <stellatrain/optim/adam.hpp>
+#include <stellatrain/optim/optimizer_concepts.hpp>
+#include <stellatrain/optim/optimizer_types.hpp>
+#include <stellatrain/optim/sgd.hpp>
+#include <stellatrain/optim/state_format.hpp>
