@@ -171,7 +171,7 @@ class sgd_optimizer {
   step_report step(std::size_t t, const sparse_view<Value, Index>& grad, Executor& ex,
                    param_copy<Out> copy = {}) {
     const sparse_view<const std::remove_const_t<Value>, const std::remove_const_t<Index>> g = grad;
-    return detail::sparse_step(*this, registry_, t, g, ex, copy);
+    return detail::sparse_step<Arch>(*this, registry_, t, g, ex, copy);
   }
   template <class Arch = xsimd::default_arch, class Value, class Index>
   step_report step(std::size_t t, const sparse_view<Value, Index>& grad) {

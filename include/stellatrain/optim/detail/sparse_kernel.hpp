@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 namespace stellatrain::detail {
 
@@ -40,8 +41,10 @@ struct identity_index {
   STELLATRAIN_FORCE_INLINE std::uint64_t operator()(std::size_t j) const noexcept { return j; }
 };
 
-template <std::size_t Arrays, bool PerElement>
+template <std::size_t Arrays, bool PerElement, class IndexFn>
 STELLATRAIN_FORCE_INLINE void prefetch_element(const tensor_arrays& t, std::uint64_t i) noexcept {
+  // A dense step run element by element streams: the hardware prefetcher does better.
+  if constexpr (std::is_same_v<IndexFn, identity_index>) return;
   __builtin_prefetch(t.params + i, 1, 3);
   if constexpr (Arrays > 0) __builtin_prefetch(t.s0 + i, 1, 3);
   if constexpr (Arrays > 1) __builtin_prefetch(t.s1 + i, 1, 3);
@@ -56,8 +59,10 @@ STELLATRAIN_FORCE_INLINE void prefetch_element(const tensor_arrays& t, std::uint
 //
 // PerElement: the step number comes from the element's counter (incremented here,
 // saturating); otherwise the rule's per-tensor coefficients apply. MaskBad: elements whose
-// summed gradient is not finite are left untouched and counted.
-template <bool PerElement, bool MaskBad, class Rule, class IndexFn, class Value, class Out>
+// summed gradient is not finite are left untouched and counted. `Arch` only keeps the
+// instantiations of differently compiled translation units apart (see step_driver.hpp).
+template <class Arch, bool PerElement, bool MaskBad, class Rule, class IndexFn, class Value,
+          class Out>
 sparse_piece_result sparse_piece(const Rule& rule, const tensor_arrays& t, IndexFn idx,
                                  const Value* values, std::size_t jb, std::size_t je, Out* copy,
                                  copy_layout layout) noexcept {
@@ -68,17 +73,17 @@ sparse_piece_result sparse_piece(const Rule& rule, const tensor_arrays& t, Index
 
   // Warm-up: the first `ahead` updates' lines.
   for (std::size_t j = jb; j < je && j < jb + ahead; ++j) {
-    prefetch_element<arrays, PerElement>(t, idx(j));
+    prefetch_element<arrays, PerElement, IndexFn>(t, idx(j));
   }
   std::size_t j = jb;
   while (j < je) {
     const std::uint64_t i = idx(j);
     float g = to_float(values[j]);
-    if (j + ahead < je) prefetch_element<arrays, PerElement>(t, idx(j + ahead));
+    if (j + ahead < je) prefetch_element<arrays, PerElement, IndexFn>(t, idx(j + ahead));
     std::size_t run_end = j + 1;
     while (run_end < je && idx(run_end) == i) [[unlikely]] {
       g += to_float(values[run_end]);
-      if (run_end + ahead < je) prefetch_element<arrays, PerElement>(t, idx(run_end + ahead));
+      if (run_end + ahead < je) prefetch_element<arrays, PerElement, IndexFn>(t, idx(run_end + ahead));
       ++run_end;
     }
 

@@ -16,12 +16,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
 #include <string>
+#include <type_traits>
 
 namespace stellatrain::detail {
 
@@ -70,32 +72,37 @@ void check_dense_arguments(const char* who, std::size_t tensor, const tensor_sta
   }
 }
 
+// True for NaN and infinities, from the bits alone (exponent all ones), so that the check loop
+// vectorises without relying on compiler flags.
+template <class T>
+STELLATRAIN_FORCE_INLINE bool nonfinite_bits(T x) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    return (std::bit_cast<std::uint32_t>(x) & 0x7f800000u) == 0x7f800000u;
+  } else if constexpr (std::is_same_v<T, fp16>) {
+    return (x.bits() & 0x7c00u) == 0x7c00u;
+  } else {
+    return (x.bits() & 0x7f80u) == 0x7f80u;
+  }
+}
+
 // For skip_tensor / raise: counts the non-finite gradient values and finds the first, before
 // anything is written. Returns the count.
-template <class Grad, executor Executor>
+template <class Arch, class Grad, executor Executor>
 std::uint64_t dense_nonfinite_check(std::span<const Grad> g, Executor& ex,
                                     std::uint64_t& first_position) {
   std::atomic<std::uint64_t> count{0};
   std::atomic<std::uint64_t> first{no_position};
   const std::uint64_t n = g.size();
+  const Grad* data = g.data();
   for_each_chunk(ex, n, balanced_grain(n, ex.concurrency(), std::uint64_t{1} << 16, 64),
                  [&](std::uint64_t b, std::uint64_t e) {
-                   std::uint64_t local = 0;
-                   std::uint64_t local_first = no_position;
-                   for (std::uint64_t i = b; i < e; ++i) {
-                     // Exponent all ones <=> not finite; branch-free so the loop vectorises.
-                     const bool bad = !std::isfinite(to_float(g[i]));
-                     local += bad ? 1 : 0;
-                   }
-                   if (local != 0) {
-                     for (std::uint64_t i = b; i < e; ++i) {
-                       if (!std::isfinite(to_float(g[i]))) {
-                         local_first = i;
-                         break;
-                       }
-                     }
+                   std::uint32_t local = 0;
+                   for (std::uint64_t i = b; i < e; ++i) local += nonfinite_bits(data[i]) ? 1u : 0u;
+                   if (local != 0) [[unlikely]] {
+                     std::uint64_t i = b;
+                     while (!nonfinite_bits(data[i])) ++i;
                      count.fetch_add(local, std::memory_order_relaxed);
-                     atomic_min(first, local_first);
+                     atomic_min(first, i);
                    }
                  });
   first_position = first.load();
@@ -118,14 +125,14 @@ std::uint64_t dense_update(const Rule& rule, tensor_state& t, const Grad* g, Out
 }
 
 // The update pass of a dense step with per-element step counts: the scalar element loop.
-template <bool MaskBad, class Rule, class Grad, class Out, executor Executor>
+template <class Arch, bool MaskBad, class Rule, class Grad, class Out, executor Executor>
 std::uint64_t dense_update_per_element(const Rule& rule, tensor_state& t, const Grad* g,
                                        Out* copy, Executor& ex) {
   const tensor_arrays a = arrays_of(t);
   const std::uint64_t n = t.size;
   std::atomic<std::uint64_t> skipped{0};
   for_each_chunk(ex, n, dense_grain(n, ex), [&](std::uint64_t b, std::uint64_t e) {
-    const auto r = sparse_piece<true, MaskBad>(rule, a, identity_index{}, g, static_cast<std::size_t>(b),
+    const auto r = sparse_piece<Arch, true, MaskBad>(rule, a, identity_index{}, g, static_cast<std::size_t>(b),
                                               static_cast<std::size_t>(e), copy, copy_layout::dense);
     if (r.skipped != 0) skipped.fetch_add(r.skipped, std::memory_order_relaxed);
   });
@@ -173,7 +180,7 @@ struct sparse_check_result {
 
 // The pre-pass of a sparse step, before anything is written: indices in range and
 // non-decreasing; with `check_finite`, the summed gradient of every run finite.
-template <class Value, class Index, executor Executor>
+template <class Arch, class Value, class Index, executor Executor>
 sparse_check_result sparse_check(const Index* idx, const Value* val, std::uint64_t count,
                                  std::uint64_t size, bool check_finite, Executor& ex) {
   std::atomic<std::uint64_t> bad_order{no_position};
@@ -253,8 +260,8 @@ template <class Value, class Index>
 
 // The update pass of a sparse step: pieces of about equal update counts, never splitting a
 // run of equal indices.
-template <bool PerElement, bool MaskBad, class Rule, class Value, class Index, class Out,
-          executor Executor>
+template <class Arch, bool PerElement, bool MaskBad, class Rule, class Value, class Index,
+          class Out, executor Executor>
 sparse_piece_result sparse_update(const Rule& rule, tensor_state& t, const Index* idx,
                                   const Value* val, std::uint64_t count, Out* copy,
                                   copy_layout layout, Executor& ex) {
@@ -267,7 +274,7 @@ sparse_piece_result sparse_update(const Rule& rule, tensor_state& t, const Index
                    const std::size_t jb = run_boundary(idx, n, static_cast<std::size_t>(b));
                    const std::size_t je = run_boundary(idx, n, static_cast<std::size_t>(e));
                    if (jb >= je) return;
-                   const auto r = sparse_piece<PerElement, MaskBad>(rule, a, index_array<Index>{idx},
+                   const auto r = sparse_piece<Arch, PerElement, MaskBad>(rule, a, index_array<Index>{idx},
                                                                    val, jb, je, copy, layout);
                    updated.fetch_add(r.updated, std::memory_order_relaxed);
                    if (r.skipped != 0) skipped.fetch_add(r.skipped, std::memory_order_relaxed);
@@ -280,6 +287,11 @@ sparse_piece_result sparse_update(const Rule& rule, tensor_state& t, const Index
 namespace stellatrain::detail {
 
 // ------------------------------------------------------------------------------- whole steps
+//
+// Every function here takes the SIMD architecture as a template parameter, also where the
+// code does not use it (the scalar sparse path): so that translation units compiled for
+// different instruction sets (runtime dispatch) instantiate distinct functions and the linker
+// never merges an AVX-512 copy into code that runs on an AVX2 machine.
 //
 // `Optimizer` provides: static `name`; `nonfinite()` and `step_mode()`; and
 // `with_rule(step, f)`, which calls `f(rule)` with the update rule of step number `step`
@@ -304,7 +316,7 @@ step_report dense_step(Optimizer& opt, tensor_registry& registry, std::size_t te
   const nonfinite_policy policy = opt.nonfinite();
   if (policy != nonfinite_policy::skip_elements) {
     std::uint64_t first = no_position;
-    const std::uint64_t bad = dense_nonfinite_check(g, ex, first);
+    const std::uint64_t bad = dense_nonfinite_check<Arch>(g, ex, first);
     if (bad != 0) {
       if (policy == nonfinite_policy::raise) {
         throw_nonfinite<Grad>(Optimizer::name, tensor, first, first, to_float(g[first]), bad);
@@ -319,8 +331,8 @@ step_report dense_step(Optimizer& opt, tensor_registry& registry, std::size_t te
   std::uint64_t skipped = 0;
   opt.with_rule(step, [&](const auto& rule) {
     if (per_element) {
-      skipped = mask ? dense_update_per_element<true>(rule, t, g.data(), out, ex)
-                     : dense_update_per_element<false>(rule, t, g.data(), out, ex);
+      skipped = mask ? dense_update_per_element<Arch, true>(rule, t, g.data(), out, ex)
+                     : dense_update_per_element<Arch, false>(rule, t, g.data(), out, ex);
     } else {
       skipped = mask ? dense_update<Arch, true>(rule, t, g.data(), out, ex)
                      : dense_update<Arch, false>(rule, t, g.data(), out, ex);
@@ -329,7 +341,7 @@ step_report dense_step(Optimizer& opt, tensor_registry& registry, std::size_t te
   return {.applied = true, .updated = t.size - skipped, .nonfinite = skipped};
 }
 
-template <class Optimizer, class Value, class Index, class Out, executor Executor>
+template <class Arch, class Optimizer, class Value, class Index, class Out, executor Executor>
 step_report sparse_step(Optimizer& opt, tensor_registry& registry, std::size_t tensor,
                         const sparse_view<const Value, const Index>& g, Executor& ex,
                         const param_copy<Out>& copy) {
@@ -339,7 +351,7 @@ step_report sparse_step(Optimizer& opt, tensor_registry& registry, std::size_t t
   const Index* idx = g.indices().data();
   const Value* val = g.values().data();
   const bool precheck_finite = policy != nonfinite_policy::skip_elements;
-  const sparse_check_result check = sparse_check(idx, val, g.size(), t.size, precheck_finite, ex);
+  const sparse_check_result check = sparse_check<Arch>(idx, val, g.size(), t.size, precheck_finite, ex);
   if (check.bad_order != no_position || check.out_of_range != no_position) [[unlikely]] {
     throw_sparse_index_error<Value>(Optimizer::name, tensor, check, idx, t.size);
   }
@@ -359,11 +371,11 @@ step_report sparse_step(Optimizer& opt, tensor_registry& registry, std::size_t t
   sparse_piece_result r;
   opt.with_rule(step, [&](const auto& rule) {
     if (per_element) {
-      r = mask ? sparse_update<true, true>(rule, t, idx, val, g.size(), out, copy.layout, ex)
-               : sparse_update<true, false>(rule, t, idx, val, g.size(), out, copy.layout, ex);
+      r = mask ? sparse_update<Arch, true, true>(rule, t, idx, val, g.size(), out, copy.layout, ex)
+               : sparse_update<Arch, true, false>(rule, t, idx, val, g.size(), out, copy.layout, ex);
     } else {
-      r = mask ? sparse_update<false, true>(rule, t, idx, val, g.size(), out, copy.layout, ex)
-               : sparse_update<false, false>(rule, t, idx, val, g.size(), out, copy.layout, ex);
+      r = mask ? sparse_update<Arch, false, true>(rule, t, idx, val, g.size(), out, copy.layout, ex)
+               : sparse_update<Arch, false, false>(rule, t, idx, val, g.size(), out, copy.layout, ex);
     }
   });
   return {.applied = true, .updated = r.updated, .nonfinite = r.skipped};
