@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // Umbrella header: every CPU (host) part of stellatrain. Never includes CUDA headers; for the
-// GPU parts include <stellatrain/cuda.cuh>.
+// GPU parts include <stellatrain/cuda.cuh>. Backends with their own dependencies (MPI, ZeroMQ)
+// have their own headers and CMake components and are not included here.
 #pragma once
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/version.hpp>
 
 #include <stellatrain/core/aligned_buffer.hpp>
+#include <stellatrain/core/crc32c.hpp>
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
@@ -15,5 +17,11 @@
 #include <stellatrain/core/random_indices.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/core/thread_pool.hpp>
+
+#include <stellatrain/optim/adam.hpp>
+#include <stellatrain/optim/optimizer_concepts.hpp>
+#include <stellatrain/optim/optimizer_types.hpp>
+#include <stellatrain/optim/sgd.hpp>
+#include <stellatrain/optim/state_format.hpp>
 
 #include <stellatrain/pipeline/density_controller.hpp>

@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+// The per-element update rules of SGD and Adam, written once for `float` (the sparse, scalar
+// path) and for `xsimd::batch<float, Arch>` (the dense path), so both paths do the same
+// arithmetic in the same order. Operation order follows PyTorch's implementation.
+#pragma once
+
+#include <stellatrain/config.hpp>
+
+#include <xsimd/xsimd.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+namespace stellatrain::detail {
+
+STELLATRAIN_FORCE_INLINE float vsqrt(float x) noexcept { return std::sqrt(x); }
+template <class Arch>
+STELLATRAIN_FORCE_INLINE xsimd::batch<float, Arch> vsqrt(const xsimd::batch<float, Arch>& x) noexcept {
+  return xsimd::sqrt(x);  // vsqrtps: no errno, no -fno-math-errno needed
+}
+
+STELLATRAIN_FORCE_INLINE float elementwise_max(float a, float b) noexcept {
+  // torch.maximum propagates NaN; v is never NaN here (non-finite gradients never reach it).
+  return a < b ? b : a;
+}
+template <class Arch>
+STELLATRAIN_FORCE_INLINE xsimd::batch<float, Arch> elementwise_max(const xsimd::batch<float, Arch>& a,
+                                                        const xsimd::batch<float, Arch>& b) noexcept {
+  return xsimd::max(a, b);
+}
+
+// ------------------------------------------------------------------------------- SGD
+
+// Scalars of one SGD step, computed once per call (in double, rounded to float as PyTorch
+// rounds its Python-double hyper-parameters when it applies them to a float tensor).
+struct sgd_scalars {
+  float sign = 1.0f;             // -1 when maximizing
+  float weight_decay = 0.0f;
+  float momentum = 0.0f;
+  float one_minus_dampening = 1.0f;
+  float neg_lr = 0.0f;
+};
+
+template <class T>
+struct sgd_coeffs {
+  T sign, weight_decay, momentum, one_minus_dampening, neg_lr;
+  STELLATRAIN_FORCE_INLINE explicit sgd_coeffs(const sgd_scalars& s) noexcept
+      : sign(s.sign),
+        weight_decay(s.weight_decay),
+        momentum(s.momentum),
+        one_minus_dampening(s.one_minus_dampening),
+        neg_lr(s.neg_lr) {}
+};
+
+// torch.optim.SGD, one element (or one batch of elements):
+//   d = maximize ? -g : g;  if wd: d = d + wd * p
+//   if momentum: buf = first ? d : buf * momentum + (1 - dampening) * d
+//                d = nesterov ? d + momentum * buf : buf
+//   p = p + (-lr) * d
+template <bool Momentum, bool Nesterov, bool WeightDecay, class T>
+STELLATRAIN_FORCE_INLINE void sgd_update(T& p, T g, T& buf, bool first,
+                                         const sgd_coeffs<T>& c) noexcept {
+  T d = g * c.sign;
+  if constexpr (WeightDecay) d = d + c.weight_decay * p;
+  if constexpr (Momentum) {
+    buf = first ? d : buf * c.momentum + c.one_minus_dampening * d;
+    if constexpr (Nesterov) {
+      d = d + c.momentum * buf;
+    } else {
+      d = buf;
+    }
+  }
+  p = p + c.neg_lr * d;
+}
+
+// ------------------------------------------------------------------------------- Adam
+
+// Scalars of one Adam step. `neg_step_size = -lr / (1 - beta1^k)` is formed as
+// `-lr * float(1 / (1 - beta1^k))` and the denominator as `sqrt(v) * float(1 / sqrt(1 -
+// beta2^k)) + eps`: the same per-tensor and per-element (from a table), one multiply instead
+// of a divide each, and within an ulp or two of PyTorch's double-precision scalars.
+struct adam_scalars {
+  float sign = 1.0f;
+  float weight_decay = 0.0f;  // coupled (L2) decay only
+  float decay = 1.0f;         // decoupled (AdamW): 1 - lr * weight_decay
+  float beta1 = 0.9f;
+  float one_minus_beta1 = 0.1f;
+  float beta2 = 0.999f;
+  float one_minus_beta2 = 0.001f;
+  float eps = 1e-8f;
+  float neg_step_size = 0.0f;
+  float inv_sqrt_bias_correction2 = 1.0f;
+};
+
+template <class T>
+struct adam_coeffs {
+  T sign, weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, neg_step_size,
+      inv_sqrt_bias_correction2;
+  STELLATRAIN_FORCE_INLINE explicit adam_coeffs(const adam_scalars& s) noexcept
+      : sign(s.sign),
+        weight_decay(s.weight_decay),
+        decay(s.decay),
+        beta1(s.beta1),
+        one_minus_beta1(s.one_minus_beta1),
+        beta2(s.beta2),
+        one_minus_beta2(s.one_minus_beta2),
+        eps(s.eps),
+        neg_step_size(s.neg_step_size),
+        inv_sqrt_bias_correction2(s.inv_sqrt_bias_correction2) {}
+};
+
+// torch.optim.Adam / AdamW, one element (or batch):
+//   g = maximize ? -g : g
+//   Adam:  if wd: g = g + wd * p           AdamW: p = p * (1 - lr * wd)
+//   m = m * beta1 + (1 - beta1) * g
+//   v = v * beta2 + ((1 - beta2) * g) * g
+//   AMSGrad: vmax = max(vmax, v), v' = vmax
+//   p = p + (-step_size * m) / (sqrt(v') / sqrt(bc2) + eps)
+template <bool Amsgrad, bool CoupledDecay, bool DecoupledDecay, class T>
+STELLATRAIN_FORCE_INLINE void adam_update(T& p, T g, T& m, T& v, T& vmax,
+                                          const adam_coeffs<T>& c) noexcept {
+  g = g * c.sign;
+  if constexpr (CoupledDecay) g = g + c.weight_decay * p;
+  if constexpr (DecoupledDecay) p = p * c.decay;
+  m = m * c.beta1 + c.one_minus_beta1 * g;
+  v = v * c.beta2 + (c.one_minus_beta2 * g) * g;
+  T second = v;
+  if constexpr (Amsgrad) {
+    vmax = elementwise_max(vmax, v);
+    second = vmax;
+  }
+  const T denom = vsqrt(second) * c.inv_sqrt_bias_correction2 + c.eps;
+  p = p + (c.neg_step_size * m) / denom;
+}
+
+}  // namespace stellatrain::detail

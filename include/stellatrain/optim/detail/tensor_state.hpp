@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: Apache-2.0
+// The state the CPU optimizers keep per registered tensor (fp32 master parameters, up to three
+// fp32 state arrays, optional per-element step counters) and the registry of those tensors.
+#pragma once
+
+#include <stellatrain/config.hpp>
+#include <stellatrain/core/aligned_buffer.hpp>
+#include <stellatrain/core/error.hpp>
+#include <stellatrain/core/executor.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace stellatrain::detail {
+
+inline constexpr std::size_t max_state_arrays = 3;
+
+// One tensor: every array is allocated (and zeroed, so its pages are faulted in) at
+// registration and never reallocated, so steps never allocate.
+struct tensor_state {
+  aligned_buffer<float> params;
+  std::array<aligned_buffer<float>, max_state_arrays> state;  // e.g. m, v, vmax
+  aligned_buffer<std::uint32_t> element_steps;                 // per_element step counts
+  std::uint64_t step = 0;                                      // step calls applied
+  std::uint64_t size = 0;
+};
+
+// Raw pointers of one tensor's arrays, handed to the kernels.
+struct tensor_arrays {
+  float* params = nullptr;
+  float* s0 = nullptr;
+  float* s1 = nullptr;
+  float* s2 = nullptr;
+  std::uint32_t* element_steps = nullptr;
+};
+
+inline tensor_arrays arrays_of(tensor_state& t) noexcept {
+  return {t.params.data(), t.state[0].data(), t.state[1].data(), t.state[2].data(),
+          t.element_steps.data()};
+}
+
+// The registered tensors of one optimizer. Registration must not run concurrently with
+// anything else on the optimizer; steps on different tensors may run concurrently.
+class tensor_registry {
+ public:
+  [[nodiscard]] std::size_t tensor_count() const noexcept { return tensors_.size(); }
+
+  [[nodiscard]] tensor_state& at(std::size_t t, const char* who) {
+    if (t >= tensors_.size()) [[unlikely]] {
+      throw_error(errc::out_of_range, std::string(who) + ": tensor " + std::to_string(t) +
+                                          " is not registered (" +
+                                          std::to_string(tensors_.size()) + " tensors)");
+    }
+    return tensors_[t];
+  }
+  [[nodiscard]] const tensor_state& at(std::size_t t, const char* who) const {
+    return const_cast<tensor_registry*>(this)->at(t, who);
+  }
+
+  template <executor Executor>
+  std::size_t add(std::span<const float> initial, std::size_t state_arrays, bool element_steps,
+                  Executor& ex) {
+    tensor_state t;
+    const std::size_t n = initial.size();
+    t.size = n;
+    const buffer_options zeroed{.prefault = true};
+    t.params = aligned_buffer<float>(n, {.prefault = false}, ex);
+    // Copying the initial values touches every page of the parameters.
+    for_each_chunk(ex, n, balanced_grain(n, ex.concurrency(), std::uint64_t{1} << 18, 16),
+                   [&](std::uint64_t b, std::uint64_t e) {
+                     std::memcpy(t.params.data() + b, initial.data() + b, (e - b) * sizeof(float));
+                   });
+    for (std::size_t a = 0; a < state_arrays; ++a) t.state[a] = aligned_buffer<float>(n, zeroed, ex);
+    if (element_steps) t.element_steps = aligned_buffer<std::uint32_t>(n, zeroed, ex);
+    tensors_.push_back(std::move(t));
+    return tensors_.size() - 1;
+  }
+
+  [[nodiscard]] std::vector<tensor_state>& tensors() noexcept { return tensors_; }
+  [[nodiscard]] const std::vector<tensor_state>& tensors() const noexcept { return tensors_; }
+
+ private:
+  std::vector<tensor_state> tensors_;
+};
+
+}  // namespace stellatrain::detail
