@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Umbrella header: every CPU (host) part of stellatrain. Never includes CUDA headers; for the
-// GPU parts include <stellatrain/cuda.cuh>.
+// GPU parts include <stellatrain/cuda.cuh>. Backends with their own dependency are included
+// one by one: <stellatrain/transport/mpi.hpp> (Open MPI, target stellatrain::mpi) and
+// <stellatrain/transport/zmq.hpp> (ZeroMQ, target stellatrain::zmq).
 #pragma once
 
 #include <stellatrain/config.hpp>
@@ -13,3 +15,15 @@
 #include <stellatrain/core/float16.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/core/thread_pool.hpp>
+
+#include <stellatrain/transport/allgather.hpp>
+#include <stellatrain/transport/allreduce.hpp>
+#include <stellatrain/transport/any_transport.hpp>
+#include <stellatrain/transport/barrier.hpp>
+#include <stellatrain/transport/broadcast.hpp>
+#include <stellatrain/transport/collective_workspace.hpp>
+#include <stellatrain/transport/concept.hpp>
+#include <stellatrain/transport/in_process.hpp>
+#include <stellatrain/transport/message_buffer.hpp>
+#include <stellatrain/transport/metering.hpp>
+#include <stellatrain/transport/shaping.hpp>
