@@ -173,6 +173,9 @@ void allgather_direct(Transport& t, std::span<const std::byte> mine, std::span<m
 template <transport Transport>
 void sparse_allgather(Transport& t, std::span<const std::byte> mine, std::span<message_buffer> out,
                       const allgather_options& opt, collective_workspace<Transport>& ws) {
+  static_assert(!device_memory_transport<Transport>,
+                "sparse_allgather gathers into host buffers; device-memory transports have their own "
+                "(nccl_transport::sparse_allgather)");
   const int p = t.size();
   if (out.size() != static_cast<std::size_t>(p)) {
     throw_error(errc::invalid_argument, "sparse_allgather: " + std::to_string(out.size()) +

@@ -41,8 +41,10 @@ struct any_request_model final : any_request_base {
 class any_request {
  public:
   any_request() = default;
-  template <transport_request R>
-    requires(!std::is_same_v<std::remove_cvref_t<R>, any_request>)
+  // The same-type test comes first: it short-circuits the concept check that would
+  // otherwise ask whether any_request is constructible from itself, recursively.
+  template <class R>
+    requires(!std::is_same_v<std::remove_cvref_t<R>, any_request> && transport_request<std::remove_cvref_t<R>>)
   explicit any_request(R&& r) : impl_(std::make_unique<detail::any_request_model<std::remove_cvref_t<R>>>(std::move(r))) {}
 
   bool test() { return impl_ == nullptr || impl_->test(); }

@@ -102,6 +102,8 @@ inline void check_root(int root, int size, const char* name) {
 template <transport Transport>
 void broadcast(Transport& t, int root, message_buffer& data, const broadcast_options& opt,
                collective_workspace<Transport>& ws) {
+  static_assert(!device_memory_transport<Transport>,
+                "a message_buffer is host memory; broadcast device memory through the span overload");
   detail::check_root(root, t.size(), "broadcast");
   if (t.size() == 1) return;
   const auto ctx = detail::make_context(t, "broadcast", "chain", opt.tag, opt.timeout);

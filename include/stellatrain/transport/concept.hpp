@@ -137,6 +137,12 @@ concept message_transport =
       { t.irecv(peer, tag, m) } -> std::same_as<typename T::request_type>;
     };
 
+/// True for transports whose spans are device memory (`nccl_transport`): the generic
+/// point-to-point collectives cannot run on them (they read lengths on the host), only the
+/// transport's native ones.
+template <class T>
+inline constexpr bool device_memory_transport = requires { requires T::device_memory; };
+
 /// Views an object's bytes, for sending trivially copyable values (lengths, flags).
 template <class T>
   requires std::is_trivially_copyable_v<T>

@@ -73,7 +73,7 @@ struct traffic_snapshot {
 struct metering_options {
   /// Called once per completed message (on the thread that observed the completion); empty
   /// for none. Must not call back into the transport.
-  std::function<void(const transfer_record&)> on_transfer;
+  std::function<void(const transfer_record&)> on_transfer{};
 };
 
 namespace detail {
