@@ -24,4 +24,16 @@
 #include <stellatrain/optim/sgd.hpp>
 #include <stellatrain/optim/state_format.hpp>
 
+#include <stellatrain/transport/allgather.hpp>
+#include <stellatrain/transport/allreduce.hpp>
+#include <stellatrain/transport/any_transport.hpp>
+#include <stellatrain/transport/barrier.hpp>
+#include <stellatrain/transport/broadcast.hpp>
+#include <stellatrain/transport/collective_workspace.hpp>
+#include <stellatrain/transport/concept.hpp>
+#include <stellatrain/transport/in_process.hpp>
+#include <stellatrain/transport/message_buffer.hpp>
+#include <stellatrain/transport/metering.hpp>
+#include <stellatrain/transport/shaping.hpp>
+
 #include <stellatrain/pipeline/density_controller.hpp>

@@ -1,17 +1,30 @@
 # SPDX-License-Identifier: Apache-2.0
 # cmake -DINCLUDE_ROOT=<dir> -P check_umbrella.cmake
 # Fails unless stellatrain/stellatrain.hpp includes every public .hpp (outside detail/) and
-# stellatrain/cuda.cuh includes every public .cuh.
+# stellatrain/cuda.cuh includes every public .cuh -- except headers of optional components
+# (a line "// stellatrain-component: <name>", e.g. the MPI, ZeroMQ and NCCL transports), which
+# users include one by one and which the umbrellas must not include (their dependency is
+# optional).
 cmake_minimum_required(VERSION 3.25)
 function(check umbrella pattern)
   file(READ "${INCLUDE_ROOT}/${umbrella}" _text)
   file(GLOB_RECURSE _headers RELATIVE "${INCLUDE_ROOT}" "${INCLUDE_ROOT}/stellatrain/${pattern}")
   set(_missing "")
+  set(_components "")
+  set(_wrongly "")
   foreach(h IN LISTS _headers)
     if(h STREQUAL umbrella OR h MATCHES "/detail/")
       continue()
     endif()
     string(FIND "${_text}" "#include <${h}>" _at)
+    file(STRINGS "${INCLUDE_ROOT}/${h}" _marker REGEX "^// stellatrain-component: [a-z0-9_]+$")
+    if(_marker)
+      list(APPEND _components "${h}")
+      if(NOT _at EQUAL -1)
+        list(APPEND _wrongly "${h}")
+      endif()
+      continue()
+    endif()
     if(_at EQUAL -1)
       list(APPEND _missing "${h}")
     endif()
@@ -19,8 +32,11 @@ function(check umbrella pattern)
   if(_missing)
     message(FATAL_ERROR "${umbrella} does not include: ${_missing}")
   endif()
+  if(_wrongly)
+    message(FATAL_ERROR "${umbrella} includes component headers (optional dependencies): ${_wrongly}")
+  endif()
   list(LENGTH _headers _n)
-  message(STATUS "${umbrella}: includes all ${_n} headers matching ${pattern}")
+  message(STATUS "${umbrella}: includes all ${_n} headers matching ${pattern} except components: ${_components}")
 endfunction()
 check("stellatrain/stellatrain.hpp" "*.hpp")
 check("stellatrain/cuda.cuh" "*.cuh")

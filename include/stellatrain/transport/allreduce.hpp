@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: Apache-2.0
+// Dense ring all-reduce (reduce-scatter, then all-gather), pipelined in chunks: the baseline
+// that sparse exchange is measured against (what PyTorch DDP does), on any `transport`.
+#pragma once
+
+#include <stellatrain/config.hpp>
+#include <stellatrain/core/error.hpp>
+#include <stellatrain/transport/collective_workspace.hpp>
+#include <stellatrain/transport/concept.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+
+namespace stellatrain {
+
+/// How `dense_allreduce` moves the data.
+enum class allreduce_algorithm {
+  automatic,  ///< the backend's native collective where it offers one, else ring
+  ring,       ///< reduce-scatter + all-gather around the ring, pipelined in chunks
+  native,     ///< the backend's own (MPI_Allreduce, ncclAllReduce); `errc::unsupported` else
+};
+
+/// Options of `dense_allreduce`. Every rank must pass the same values (except `timeout`).
+struct allreduce_options {
+  tag_type tag = 0;                                   ///< tag of every message of the call
+  std::chrono::milliseconds timeout{60'000};          ///< bound on the whole call
+  allreduce_algorithm algorithm = allreduce_algorithm::automatic;
+  std::size_t chunk_bytes = std::size_t{256} << 10;   ///< pipelining unit; 0 = whole segments
+  bool average = false;          ///< divide the sum by the number of ranks (floating point)
+  bool abort_on_failure = true;  ///< on failure, abort the transport (every rank fails now)
+};
+
+namespace detail {
+
+// dst += src; integers wrap (signed ones are added as unsigned: no overflow UB).
+template <class V>
+void add_into(V* STELLATRAIN_RESTRICT dst, const V* STELLATRAIN_RESTRICT src, std::size_t n) noexcept {
+  if constexpr (std::is_integral_v<V> && std::is_signed_v<V>) {
+    using U = std::make_unsigned_t<V>;
+    for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<V>(static_cast<U>(static_cast<U>(dst[i]) + static_cast<U>(src[i])));
+  } else {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<V>(dst[i] + src[i]);
+  }
+}
+
+// Segment i of P over n elements: the first n % P segments hold one element more.
+inline std::uint64_t segment_begin(std::uint64_t n, int p, int i) noexcept {
+  const auto up = static_cast<std::uint64_t>(p);
+  const auto ui = static_cast<std::uint64_t>(i);
+  return ui * (n / up) + std::min(ui, n % up);
+}
+
+template <transport Transport, class V>
+void allreduce_ring(Transport& t, std::span<V> data, const allreduce_options& opt,
+                    collective_workspace<Transport>& ws, const collective_context& ctx) {
+  const int p = t.size();
+  const int r = t.rank();
+  const int right = ring_index(r + 1, p);
+  const int left = ring_index(r - 1, p);
+  const std::uint64_t n = data.size();
+  const std::uint64_t chunk = opt.chunk_bytes == 0 ? 0 : std::max<std::uint64_t>(1, opt.chunk_bytes / sizeof(V));
+  auto seg_begin = [&](int s) { return segment_begin(n, p, s); };
+  auto seg_size = [&](int s) { return seg_begin(s + 1) - seg_begin(s); };
+  auto chunks_of = [&](int s) { return chunk_count(seg_size(s), chunk); };
+  // Chunk c of segment s of a span laid out like `data` (or of a segment-sized buffer).
+  auto part = [&]<class T>(T* base, int s, std::uint64_t c, bool segment_local) {
+    const std::uint64_t size = seg_size(s);
+    const std::uint64_t b = chunk == 0 ? 0 : c * chunk;
+    const std::uint64_t len = chunk == 0 ? size : std::min(chunk, size - b);
+    T* at = base + (segment_local ? 0 : seg_begin(s)) + b;
+    return std::span<T>(at, static_cast<std::size_t>(len));
+  };
+  auto bytes = [](auto s) { return std::as_writable_bytes(s); };
+  auto cbytes = [](auto s) { return std::as_bytes(s); };
+
+  std::uint64_t max_seg = 0;
+  for (int s = 0; s < p; ++s) max_seg = std::max(max_seg, seg_size(s));
+  // Two segment-sized receive buffers: step s receives into half s % 2 while the next
+  // step's receives are already posted into the other half.
+  ws.scratch.resize_for_overwrite(static_cast<std::size_t>(2 * max_seg * sizeof(V)));
+  V* half[2] = {reinterpret_cast<V*>(ws.scratch.data()), reinterpret_cast<V*>(ws.scratch.data()) + max_seg};
+
+  // ---- reduce-scatter: step s sends segment r-s, receives segment r-s-1 and adds it.
+  ws.marks.assign(static_cast<std::size_t>(p), 0);  // marks[s]: first send of RS step s
+  auto post_rs_recvs = [&](int s) {
+    const int seg = ring_index(r - s - 1, p);
+    for (std::uint64_t c = 0; c < chunks_of(seg); ++c) {
+      ws.recvs.push_back(t.irecv(left, opt.tag, bytes(part(half[s % 2], seg, c, true))));
+    }
+  };
+  // First message: this rank's element count and element size, so that ranks that disagree
+  // fail before any data is combined (the failing rank stops forwarding, so no rank can
+  // complete the ring with mixed-up segments).
+  ws.lengths.resize(2);
+  const std::uint64_t kind = std::is_floating_point_v<V> ? 2 : (std::is_signed_v<V> ? 1 : 0);
+  const std::uint64_t shape = (n << 8) | (kind << 4) | sizeof(V);
+  ws.lengths[0] = encode_length(shape);
+  ws.sends.push_back(t.isend(right, opt.tag, ws.lengths[0]));
+  ws.marks[0] = ws.sends.size();
+  {
+    const int seg = r;
+    for (std::uint64_t c = 0; c < chunks_of(seg); ++c) {
+      ws.sends.push_back(t.isend(right, opt.tag, cbytes(part(data.data(), seg, c, false))));
+    }
+  }
+  {
+    auto theirs_recv = t.irecv(left, opt.tag, ws.lengths[1]);
+    await(theirs_recv, ctx, [&] { return "the element count of rank " + std::to_string(left); });
+    const std::uint64_t theirs = frame_load_u64(ws.lengths[1].data());
+    if (theirs != shape) {
+      auto describe = [](std::uint64_t s) {
+        static constexpr const char* kinds[] = {"unsigned", "signed", "floating-point", "?"};
+        return std::to_string(s >> 8) + " " + kinds[std::min<std::uint64_t>((s >> 4) & 15u, 3)] + " elements of " +
+               std::to_string(s & 15u) + " bytes";
+      };
+      throw_error(errc::size_mismatch, ctx.where() + ": rank " + std::to_string(left) + " reduces " +
+                                           describe(theirs) + ", this rank " + describe(shape));
+    }
+  }
+  std::size_t recv_at = 0;
+  post_rs_recvs(0);
+  for (int s = 0; s < p - 1; ++s) {
+    const int seg = ring_index(r - s - 1, p);
+    const std::uint64_t chunks = chunks_of(seg);
+    const std::size_t mine_at = recv_at;
+    recv_at += static_cast<std::size_t>(chunks);
+    if (s + 1 < p - 1) post_rs_recvs(s + 1);
+    if (s + 1 < p - 1) ws.marks[static_cast<std::size_t>(s + 1)] = ws.sends.size();
+    for (std::uint64_t c = 0; c < chunks; ++c) {
+      await(ws.recvs[mine_at + static_cast<std::size_t>(c)], ctx, [&] {
+        return "reduce-scatter step " + std::to_string(s + 1) + ": chunk " + std::to_string(c + 1) +
+               " of " + std::to_string(chunks) + " of segment " + std::to_string(seg) + " from rank " +
+               std::to_string(left);
+      });
+      auto dst = part(data.data(), seg, c, false);
+      auto src = part(static_cast<const V*>(half[s % 2]), seg, c, true);
+      add_into(dst.data(), src.data(), dst.size());
+      if (s + 1 < p - 1) ws.sends.push_back(t.isend(right, opt.tag, cbytes(std::span<const V>(dst))));
+    }
+  }
+  const std::size_t rs_sends_end = ws.sends.size();
+  ws.recvs.clear();
+
+  // This rank now owns the full sum of segment r+1.
+  const int owned = ring_index(r + 1, p);
+  if (opt.average) {
+    if constexpr (std::is_floating_point_v<V>) {
+      const V inv = static_cast<V>(1) / static_cast<V>(p);
+      V* b = data.data() + seg_begin(owned);
+      for (std::uint64_t i = 0; i < seg_size(owned); ++i) b[i] *= inv;
+    }
+  }
+
+  // ---- all-gather: step s sends segment r+1-s, receives segment r-s into place. Before a
+  // segment is overwritten, the reduce-scatter send that read it (RS step s) must be done.
+  auto rs_step_sends = [&](int s) {
+    const std::size_t b = ws.marks[static_cast<std::size_t>(s)];
+    const std::size_t e = s + 1 < p - 1 ? ws.marks[static_cast<std::size_t>(s + 1)] : rs_sends_end;
+    await_sends(ws, ctx, b, e);
+  };
+  auto post_ag_recvs = [&](int s) {
+    const int seg = ring_index(r - s, p);
+    rs_step_sends(s);
+    for (std::uint64_t c = 0; c < chunks_of(seg); ++c) {
+      ws.recvs.push_back(t.irecv(left, opt.tag, bytes(part(data.data(), seg, c, false))));
+    }
+  };
+  for (std::uint64_t c = 0; c < chunks_of(owned); ++c) {
+    ws.sends.push_back(t.isend(right, opt.tag, cbytes(part(static_cast<const V*>(data.data()), owned, c, false))));
+  }
+  recv_at = 0;
+  post_ag_recvs(0);
+  for (int s = 0; s < p - 1; ++s) {
+    const int seg = ring_index(r - s, p);
+    const std::uint64_t chunks = chunks_of(seg);
+    const std::size_t mine_at = recv_at;
+    recv_at += static_cast<std::size_t>(chunks);
+    if (s + 1 < p - 1) post_ag_recvs(s + 1);
+    for (std::uint64_t c = 0; c < chunks; ++c) {
+      await(ws.recvs[mine_at + static_cast<std::size_t>(c)], ctx, [&] {
+        return "all-gather step " + std::to_string(s + 1) + ": chunk " + std::to_string(c + 1) + " of " +
+               std::to_string(chunks) + " of segment " + std::to_string(seg) + " from rank " +
+               std::to_string(left);
+      });
+      if (s + 1 < p - 1) {
+        ws.sends.push_back(t.isend(right, opt.tag, cbytes(part(static_cast<const V*>(data.data()), seg, c, false))));
+      }
+    }
+  }
+  await_sends(ws, ctx);
+}
+
+}  // namespace detail
+
+/// Sums `data` element-wise across all ranks, in place: on return every rank holds the same
+/// sum (bit-identical on every rank: each segment is reduced on one rank, in ring order, and
+/// then copied to the others), divided by the number of ranks with `average`.
+///
+/// - `V` is an arithmetic type; every rank passes the same `data.size()` and `V`: each rank
+///   checks its left neighbour's count first, and a mismatch fails with
+///   `errc::size_mismatch` before any data is combined. Sums of integers wrap as the type does.
+/// - Ring algorithm: reduce-scatter (P-1 steps, each rank sends one segment of n/P
+///   elements per step and adds the one it receives) then all-gather (P-1 steps); every
+///   segment is cut into `chunk_bytes` chunks that are forwarded as soon as they are
+///   reduced, so the latency of the ring is paid about once. Bytes sent per rank:
+///   2 (P-1)/P x n x sizeof(V). Workspace: two segments of scratch.
+/// - Failure: as `sparse_allgather` (timeouts and peer failures throw, the transport is
+///   aborted with `abort_on_failure`, `data` is unspecified after a throw).
+///
+/// \code
+///   std::vector<float> grad(n);
+///   stellatrain::dense_allreduce(t, std::span<float>(grad), {.tag = 1, .average = true});
+/// \endcode
+template <transport Transport, class V>
+  requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
+void dense_allreduce(Transport& t, std::span<V> data, const allreduce_options& opt,
+                     collective_workspace<Transport>& ws) {
+  if (opt.average && !std::is_floating_point_v<V>) {
+    throw_error(errc::invalid_argument, "dense_allreduce: average needs a floating-point element type");
+  }
+  if (opt.algorithm == allreduce_algorithm::automatic || opt.algorithm == allreduce_algorithm::native) {
+    if constexpr (requires { { t.native_allreduce(data, opt) } -> std::same_as<bool>; }) {
+      if (t.native_allreduce(data, opt)) return;
+    }
+    if (opt.algorithm == allreduce_algorithm::native) {
+      throw_error(errc::unsupported, "dense_allreduce: this transport has no native all-reduce");
+    }
+  }
+  if (t.size() == 1) return;
+  const auto ctx = detail::make_context(t, "dense_allreduce", "ring", opt.tag, opt.timeout);
+  detail::run_collective(t, ws, opt.abort_on_failure, [&] { detail::allreduce_ring(t, data, opt, ws, ctx); });
+}
+
+/// As above with a temporary workspace (allocates per call).
+template <transport Transport, class V>
+  requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
+void dense_allreduce(Transport& t, std::span<V> data, const allreduce_options& opt = {}) {
+  collective_workspace<Transport> ws;
+  dense_allreduce(t, data, opt, ws);
+}
+
+}  // namespace stellatrain

@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+// The shaping decorator: configured rate within 5% above 1 MB, latency added per message,
+// per-rank vs per-peer buckets, rate changes at run time, collectives through it.
+#include "catch.hpp"
+#include "scenarios.hpp"
+
+#include <stellatrain/stellatrain.hpp>
+
+#include <chrono>
+#include <vector>
+
+using namespace stellatrain;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Rank 0 streams `total` bytes to rank 1 in messages of `piece`; returns the seconds from
+// the first send to the last byte received on rank 1.
+double timed_stream(shaping_options opt, std::size_t total, std::size_t piece) {
+  double seconds = 0;
+  run_in_process(2, [&](in_process_transport& raw) {
+    shaped_transport t(std::move(raw), opt);
+    barrier(t, {.tag = 1});
+    const std::size_t n = total / piece;
+    if (t.rank() == 0) {
+      const auto data = test::message_of(0, total, 3);
+      std::vector<shaped_request<in_process_transport>> sends;
+      for (std::size_t i = 0; i < n; ++i) sends.push_back(t.isend(1, 2, std::span<const std::byte>(data).subspan(i * piece, piece)));
+      for (auto& s : sends) wait_or_throw(s, 60s, "shaped send");
+    } else {
+      std::vector<std::byte> got(total);
+      const auto t0 = transport_clock::now();
+      for (std::size_t i = 0; i < n; ++i) {
+        auto r = t.irecv(0, 2, std::span<std::byte>(got).subspan(i * piece, piece));
+        wait_or_throw(r, 60s, "shaped receive");
+      }
+      seconds = std::chrono::duration<double>(transport_clock::now() - t0).count();
+      test::expect_message(got, 0, total, 3, "shaped stream");
+    }
+  });
+  return seconds;
+}
+
+}  // namespace
+
+TEST_CASE("shaping: 100 Mbit/s measured within 5% for transfers above 1 MB", "[transport][shaping]") {
+  // 4 MB at 100 Mbit/s is 0.336 s; the barrier before it costs the latency only.
+  for (std::size_t piece : {std::size_t{1} << 20, std::size_t{64} << 10}) {
+    CAPTURE(piece);
+    const std::size_t total = std::size_t{4} << 20;
+    const double s = timed_stream({.bits_per_second = 100e6}, total, piece);
+    const double mbit = static_cast<double>(total) * 8 / s / 1e6;
+    CAPTURE(mbit);
+    // The bucket starts full (16 KiB may leave at once), so allow for it in the bound.
+    CHECK(mbit >= 95.0);
+    CHECK(mbit <= 105.0 * (1.0 + 16384.0 / static_cast<double>(total)));
+  }
+  // 1 MB at 20 Mbit/s (0.42 s).
+  const double s = timed_stream({.bits_per_second = 20e6, .burst_bytes = 0}, std::size_t{1} << 20, std::size_t{1} << 18);
+  const double mbit = static_cast<double>(std::size_t{1} << 20) * 8 / s / 1e6;
+  CAPTURE(mbit);
+  CHECK(mbit >= 19.0);
+  CHECK(mbit <= 21.0);
+}
+
+TEST_CASE("shaping: latency delays every message, and links keep their order", "[transport][shaping]") {
+  run_in_process(2, [](in_process_transport& raw) {
+    shaped_transport t(std::move(raw), {.bits_per_second = 0, .latency = 40ms});
+    if (t.rank() == 0) {
+      const std::byte b[1] = {std::byte{7}};
+      std::vector<shaped_request<in_process_transport>> sends;
+      for (int i = 0; i < 3; ++i) sends.push_back(t.isend(1, 1, b));
+      CHECK_FALSE(sends[0].test());  // not released yet
+      for (auto& s : sends) wait_or_throw(s, 5s, "send");
+    } else {
+      const auto t0 = transport_clock::now();
+      std::byte got[1];
+      for (int i = 0; i < 3; ++i) {
+        auto r = t.irecv(0, 1, got);
+        wait_or_throw(r, 5s, "receive");
+      }
+      const auto waited = transport_clock::now() - t0;
+      CHECK(waited >= 35ms);
+      CHECK(waited < 400ms);
+    }
+  });
+}
+
+TEST_CASE("shaping: per-rank bucket is shared by destinations, per-peer is not", "[transport][shaping]") {
+  // Rank 0 sends 1 MiB to each of ranks 1 and 2 at 50 Mbit/s: ~0.34 s when the bucket is
+  // shared, ~0.17 s with one bucket per peer.
+  for (auto scope : {shaping_scope::per_rank, shaping_scope::per_peer}) {
+    double seconds = 0;
+    run_in_process(3, [&](in_process_transport& raw) {
+      shaped_transport t(std::move(raw), {.bits_per_second = 50e6, .burst_bytes = 0, .scope = scope});
+      const std::size_t n = std::size_t{1} << 20;
+      if (t.rank() == 0) {
+        const auto data = test::message_of(0, n, 1);
+        const auto t0 = transport_clock::now();
+        auto a = t.isend(1, 1, data);
+        auto b = t.isend(2, 1, data);
+        wait_or_throw(a, 10s, "a");
+        wait_or_throw(b, 10s, "b");
+        seconds = std::chrono::duration<double>(transport_clock::now() - t0).count();
+      } else {
+        message_buffer m;
+        auto r = t.irecv(0, 1, m);
+        wait_or_throw(r, 10s, "receive");
+        test::expect_message(m.span(), 0, n, 1, "per-peer");
+      }
+    });
+    const double ideal = (scope == shaping_scope::per_rank ? 2.0 : 1.0) * 8.0 * (1 << 20) / 50e6;
+    CAPTURE(seconds, ideal);
+    CHECK(seconds >= ideal * 0.95);
+    CHECK(seconds <= ideal * 1.25);
+  }
+}
+
+TEST_CASE("shaping: set_rate changes the link while it runs", "[transport][shaping]") {
+  run_in_process(2, [](in_process_transport& raw) {
+    shaped_transport t(std::move(raw), {.bits_per_second = 1e9, .burst_bytes = 0});
+    CHECK_THROWS_AS(t.set_rate(-1), error);
+    const std::size_t n = 512 << 10;
+    for (double rate : {80e6, 20e6}) {
+      t.set_rate(rate);
+      CHECK(t.options().bits_per_second == rate);
+      barrier(t, {.tag = 3});
+      if (t.rank() == 0) {
+        const auto data = test::message_of(0, n, 1);
+        auto s = t.isend(1, 1, data);
+        wait_or_throw(s, 10s, "send");
+      } else {
+        message_buffer m;
+        const auto t0 = transport_clock::now();
+        auto r = t.irecv(0, 1, m);
+        wait_or_throw(r, 10s, "receive");
+        const double s = std::chrono::duration<double>(transport_clock::now() - t0).count();
+        const double ideal = 8.0 * static_cast<double>(n) / rate;
+        CHECK(s >= ideal * 0.9);
+        CHECK(s <= ideal * 1.3 + 0.01);
+      }
+    }
+  });
+}
+
+TEST_CASE("shaping: collectives are correct through the decorator", "[transport][shaping]") {
+  run_in_process(4, [](in_process_transport& raw) {
+    shaped_transport t(std::move(raw), {.bits_per_second = 2e9, .latency = 1ms});
+    test::p2p_case(t, 5, 10);
+    test::allgather_case(t, [](int r) { return static_cast<std::size_t>(10000 + r); }, {.algorithm = allgather_algorithm::ring, .chunk_bytes = 4096}, 1);
+    test::allgather_case(t, [](int r) { return static_cast<std::size_t>(10000 + r); }, {.algorithm = allgather_algorithm::direct}, 2);
+    test::allreduce_case<float>(t, 10001, {.chunk_bytes = 4096}, 3);
+    test::broadcast_case(t, 2, 5000, {}, 4);
+    barrier(t);
+  });
+}
