@@ -13,3 +13,7 @@
 #include <stellatrain/core/float16.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/core/thread_pool.hpp>
+
+#include <stellatrain/select/selection_layout.hpp>
+#include <stellatrain/select/topk_cuda_options.hpp>
+#include <stellatrain/select/topk_threshold_state.hpp>
