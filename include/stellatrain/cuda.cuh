@@ -6,3 +6,7 @@
 #include <stellatrain/stellatrain.hpp>
 
 #include <stellatrain/core/cuda_check.cuh>
+
+#include <stellatrain/compress/error_feedback_cuda.cuh>
+#include <stellatrain/select/selection_scatter.cuh>
+#include <stellatrain/select/topk_cuda.cuh>

@@ -18,6 +18,10 @@
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 
+#include <stellatrain/select/selection_layout.hpp>
+#include <stellatrain/select/topk_cuda_options.hpp>
+#include <stellatrain/select/topk_threshold_state.hpp>
+
 #include <stellatrain/optim/adam.hpp>
 #include <stellatrain/optim/optimizer_concepts.hpp>
 #include <stellatrain/optim/optimizer_types.hpp>
