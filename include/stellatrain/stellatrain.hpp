@@ -18,9 +18,19 @@
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 
+#include <stellatrain/select/block_topk.hpp>
+#include <stellatrain/select/exact_topk.hpp>
+#include <stellatrain/select/partitioned.hpp>
+#include <stellatrain/select/random_k.hpp>
+#include <stellatrain/select/sampled_threshold.hpp>
+#include <stellatrain/select/selection.hpp>
 #include <stellatrain/select/selection_layout.hpp>
+#include <stellatrain/select/threshold.hpp>
 #include <stellatrain/select/topk_cuda_options.hpp>
 #include <stellatrain/select/topk_threshold_state.hpp>
+
+#include <stellatrain/compress/compressor.hpp>
+#include <stellatrain/compress/error_feedback.hpp>
 
 #include <stellatrain/optim/adam.hpp>
 #include <stellatrain/optim/optimizer_concepts.hpp>

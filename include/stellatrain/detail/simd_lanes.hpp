@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: Apache-2.0
+// Lane primitives of the selection kernels that xsimd 8 lacks: comparison masks as bit sets,
+// compress-store of the selected lanes, widening 16-bit loads; plus the `scalar_arch` tag.
+#pragma once
+
+#include <stellatrain/config.hpp>
+
+#include <xsimd/xsimd.hpp>
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#if defined(__SSE2__) || defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace stellatrain {
+
+/// Architecture tag that makes a selection kernel run its plain scalar loops instead of xsimd
+/// batches. The scalar path defines the results: every SIMD architecture must agree with it
+/// bit for bit (the tests compare them), so `scalar_arch` serves as the oracle of the kernels.
+struct scalar_arch {
+  static constexpr const char* name() noexcept { return "scalar"; }
+};
+
+}  // namespace stellatrain
+
+namespace stellatrain::detail {
+
+template <class Arch>
+inline constexpr bool is_scalar_arch = std::is_same_v<Arch, scalar_arch>;
+
+// Which hand-written lane primitives an xsimd architecture gets. Note that in xsimd 8 avx512f
+// does not derive from avx2 and avx2 does not derive from sse2, so each family is tested alone.
+enum class lane_isa : std::uint8_t { generic, sse2, avx2, avx512 };
+
+template <class Arch>
+constexpr lane_isa lane_isa_of() noexcept {
+#if XSIMD_WITH_AVX512F
+  if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) return lane_isa::avx512;
+#endif
+#if XSIMD_WITH_AVX2
+  if constexpr (std::is_base_of_v<xsimd::avx2, Arch>) return lane_isa::avx2;
+#endif
+#if XSIMD_WITH_SSE2
+  if constexpr (std::is_base_of_v<xsimd::sse2, Arch>) return lane_isa::sse2;
+#endif
+  return lane_isa::generic;
+}
+
+// For a mask of 8 lanes: the indices of the set lanes in order, 3 bits each (the permutation
+// that moves the selected lanes to the front).
+inline constexpr std::array<std::uint32_t, 256> compress_permutation_8 = [] {
+  std::array<std::uint32_t, 256> table{};
+  for (std::uint32_t mask = 0; mask < 256; ++mask) {
+    std::uint32_t packed = 0;
+    std::uint32_t slot = 0;
+    for (std::uint32_t lane = 0; lane < 8; ++lane) {
+      if ((mask >> lane) & 1u) packed |= lane << (3 * slot++);
+    }
+    table[mask] = packed;
+  }
+  return table;
+}();
+
+/// 32-bit lane operations of one xsimd architecture. Raw element bits travel as int32 lanes
+/// (16-bit inputs zero-extended); magnitude keys are below 2^31, so signed compares order them.
+template <class Arch>
+struct lane_ops {
+  using ibatch = xsimd::batch<std::int32_t, Arch>;
+  using fbatch = xsimd::batch<float, Arch>;
+  using ibool = xsimd::batch_bool<std::int32_t, Arch>;
+  static constexpr std::size_t width = ibatch::size;
+  static constexpr lane_isa isa = lane_isa_of<Arch>();
+  /// Whether `compress2` is branch-free (a permutation or a compress instruction) rather than
+  /// a loop over the set bits.
+  static constexpr bool branchless_compress = isa == lane_isa::avx2 || isa == lane_isa::avx512;
+
+  static ibatch iota() noexcept {
+    alignas(64) std::int32_t lanes[width];
+    for (std::size_t l = 0; l < width; ++l) lanes[l] = static_cast<std::int32_t>(l);
+    return ibatch::load_aligned(lanes);
+  }
+
+  static ibatch load_bits(const float* p) noexcept {
+    return xsimd::bitwise_cast<ibatch>(fbatch::load_unaligned(p));
+  }
+
+  /// `width` 16-bit values zero-extended to 32-bit lanes.
+  static ibatch load_bits(const std::uint16_t* p) noexcept {
+    if constexpr (isa == lane_isa::avx512) {
+#if XSIMD_WITH_AVX512F
+      return ibatch(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#endif
+    } else if constexpr (isa == lane_isa::avx2) {
+#if XSIMD_WITH_AVX2
+      return ibatch(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#endif
+    } else if constexpr (isa == lane_isa::sse2) {
+#if XSIMD_WITH_SSE2
+      const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+      return ibatch(_mm_unpacklo_epi16(v, _mm_setzero_si128()));
+#endif
+    } else {
+      alignas(64) std::int32_t lanes[width];
+      for (std::size_t l = 0; l < width; ++l) lanes[l] = p[l];
+      return ibatch::load_aligned(lanes);
+    }
+  }
+
+  /// Bit l of the result is lane l of `m`.
+  static std::uint32_t mask_bits(const ibool& m) noexcept {
+    if constexpr (isa == lane_isa::avx512) {
+#if XSIMD_WITH_AVX512F
+      return static_cast<std::uint32_t>(static_cast<__mmask16>(m));
+#endif
+    } else if constexpr (isa == lane_isa::avx2) {
+#if XSIMD_WITH_AVX2
+      return static_cast<std::uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(static_cast<__m256i>(m))));
+#endif
+    } else if constexpr (isa == lane_isa::sse2) {
+#if XSIMD_WITH_SSE2
+      return static_cast<std::uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(static_cast<__m128i>(m))));
+#endif
+    } else {
+      alignas(64) bool lanes[width];
+      m.store_aligned(lanes);
+      std::uint32_t bits = 0;
+      for (std::size_t l = 0; l < width; ++l) bits |= static_cast<std::uint32_t>(lanes[l]) << l;
+      return bits;
+    }
+  }
+
+  /// Sum of the lanes (through memory: xsimd 8's AVX-512 reduction trips GCC 12 warnings).
+  static std::int64_t sum_lanes(const ibatch& v) noexcept {
+    alignas(64) std::int32_t lanes[width];
+    v.store_aligned(lanes);
+    std::int64_t s = 0;
+    for (std::size_t l = 0; l < width; ++l) s += lanes[l];
+    return s;
+  }
+
+  /// Adds 1 to the lanes of `acc` where `m` is set.
+  static void count_into(ibatch& acc, const ibool& m) noexcept {
+    if constexpr (isa == lane_isa::avx512) {
+#if XSIMD_WITH_AVX512F
+      acc = ibatch(_mm512_mask_add_epi32(static_cast<__m512i>(acc), static_cast<__mmask16>(m),
+                                         static_cast<__m512i>(acc), _mm512_set1_epi32(1)));
+#endif
+    } else if constexpr (isa == lane_isa::avx2) {
+#if XSIMD_WITH_AVX2
+      acc = ibatch(_mm256_sub_epi32(static_cast<__m256i>(acc), static_cast<__m256i>(m)));  // true = -1
+#endif
+    } else if constexpr (isa == lane_isa::sse2) {
+#if XSIMD_WITH_SSE2
+      acc = ibatch(_mm_sub_epi32(static_cast<__m128i>(acc), static_cast<__m128i>(m)));
+#endif
+    } else {
+      acc += xsimd::select(m, ibatch(1), ibatch(0));
+    }
+  }
+
+  /// Writes the lanes of `a` and of `b` whose bit is set in `mask`, in lane order, to `pa` and
+  /// `pb`; returns how many. May write up to `width` entries to each (room must exist).
+  static std::uint32_t compress2(std::uint32_t mask, const ibatch& a, const ibatch& b,
+                                 std::uint32_t* STELLATRAIN_RESTRICT pa,
+                                 std::uint32_t* STELLATRAIN_RESTRICT pb) noexcept {
+    if constexpr (isa == lane_isa::avx512) {
+#if XSIMD_WITH_AVX512F
+      // Compress into a register, then a plain store: compress-to-memory is microcoded and
+      // slow on several cores.
+      const auto k = static_cast<__mmask16>(mask);
+      _mm512_storeu_si512(pa, _mm512_maskz_compress_epi32(k, static_cast<__m512i>(a)));
+      _mm512_storeu_si512(pb, _mm512_maskz_compress_epi32(k, static_cast<__m512i>(b)));
+      return static_cast<std::uint32_t>(std::popcount(mask));
+#endif
+    } else if constexpr (isa == lane_isa::avx2) {
+#if XSIMD_WITH_AVX2
+      const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+      const __m256i perm = _mm256_and_si256(
+          _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(compress_permutation_8[mask])), shifts),
+          _mm256_set1_epi32(7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pa),
+                          _mm256_permutevar8x32_epi32(static_cast<__m256i>(a), perm));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb),
+                          _mm256_permutevar8x32_epi32(static_cast<__m256i>(b), perm));
+      return static_cast<std::uint32_t>(std::popcount(mask));
+#endif
+    } else {
+      alignas(64) std::int32_t la[width];
+      alignas(64) std::int32_t lb[width];
+      a.store_aligned(la);
+      b.store_aligned(lb);
+      std::uint32_t c = 0;
+      while (mask != 0) {
+        const int l = std::countr_zero(mask);
+        pa[c] = static_cast<std::uint32_t>(la[l]);
+        pb[c] = static_cast<std::uint32_t>(lb[l]);
+        ++c;
+        mask &= mask - 1;
+      }
+      return c;
+    }
+  }
+};
+
+}  // namespace stellatrain::detail

@@ -1,0 +1,247 @@
+// SPDX-License-Identifier: Apache-2.0
+// Threshold selection with a persistent per-tensor bound: one SIMD pass per call, exactly k
+// results every call, no refill pass on any call.
+#pragma once
+
+#include <stellatrain/config.hpp>
+#include <stellatrain/core/dtype.hpp>
+#include <stellatrain/core/executor.hpp>
+#include <stellatrain/core/sparse.hpp>
+#include <stellatrain/detail/select_candidates.hpp>
+#include <stellatrain/detail/select_radix.hpp>
+#include <stellatrain/detail/select_sources.hpp>
+#include <stellatrain/select/exact_topk.hpp>
+#include <stellatrain/select/selection.hpp>
+
+#include <xsimd/xsimd.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+namespace stellatrain {
+
+/// Tuning of `threshold_selector`.
+struct threshold_options {
+  /// The band aims at k (1 + margin) elements: the margin absorbs the drift of the magnitudes
+  /// from one call to the next. Larger costs a little more work per call (O(k margin)).
+  double margin = 0.25;
+  /// The candidate store holds min(n, 3 k + min_capacity) entries of 8 bytes.
+  std::uint64_t min_capacity = 65536;
+  /// Tuning of the exact selection that bootstraps the bound (first call, new n or dtype, k
+  /// beyond what the band was sized for) and of the fallback.
+  exact_topk_options bootstrap{};
+};
+
+/// Per-tensor state of threshold selection. Plain data: copy it, save it with a checkpoint,
+/// restore it, and the next call continues exactly as the uninterrupted run would.
+struct threshold_state {
+  std::uint32_t low_key = 0;     ///< magnitude key the next call's band starts at (0: not bootstrapped)
+  std::uint32_t kth_key = 0;     ///< magnitude key of the k-th element of the last call
+  std::uint64_t tensor_size = 0; ///< n the bound was derived for (another n re-bootstraps)
+  std::uint64_t target = 0;      ///< band size the bound aims at: ceil(k (1 + margin))
+  dtype element = dtype::f32;    ///< element type the keys belong to
+  std::uint64_t calls = 0;       ///< calls so far
+  std::uint64_t last_candidates = 0;  ///< elements in the band on the last call
+  std::uint64_t deficits = 0;    ///< calls whose band held fewer than k (filled, approximate)
+  std::uint64_t fallbacks = 0;   ///< calls whose band overflowed the store (exact, more passes)
+  std::uint64_t bootstraps = 0;  ///< calls that derived the bound by exact selection
+};
+
+namespace detail {
+
+// The magnitude between (hi, c_hi) and (lo, c_lo) (hi > lo, c_hi < target <= c_lo) where the
+// count reaches `target`, interpolating log(count) linearly in log(magnitude): a power-law
+// tail, which fits the tails of Gaussian-like gradients well enough over a short range.
+[[nodiscard]] inline float interpolate_magnitude(float hi, double c_hi, float lo, double c_lo,
+                                                 double target) noexcept {
+  if (!(hi > 0.0f) || !(lo > 0.0f) || !std::isfinite(hi)) return lo;
+  const double a = std::log(std::max(c_hi, 1.0));
+  const double b = std::log(std::max(c_lo, 1.0));
+  if (!(b > a)) return lo;
+  const double t = std::clamp((std::log(target) - a) / (b - a), 0.0, 1.0);
+  const double lh = std::log(static_cast<double>(hi));
+  const double ll = std::log(static_cast<double>(lo));
+  return static_cast<float>(std::exp(lh + t * (ll - lh)));
+}
+
+// Edges below the band at which a call also counts elements: the next bound is interpolated
+// from them when the band held fewer than its target.
+inline constexpr float threshold_edge_ratio[2] = {0.85f, 0.6f};
+
+/// One call of threshold selection of `src` (0 < k < n). See `threshold_selector`.
+template <class Arch, class T, class Source, executor Ex, class Emit>
+select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std::uint64_t k,
+                                const threshold_options& options, threshold_state& state,
+                                candidate_workspace& ws, radix_workspace& rw, Emit&& emit) {
+  constexpr std::uint32_t key_mask = Source::key_mask;
+  const double target_d = std::ceil(static_cast<double>(k) * (1.0 + std::max(0.0, options.margin)));
+  const std::uint64_t target = std::clamp<std::uint64_t>(static_cast<std::uint64_t>(target_d), k, n);
+  ws.reserve(ex, threshold_capacity(n, k, options.min_capacity), n, options.bootstrap.samples);
+
+  const bool bootstrap = state.low_key == 0 || state.tensor_size != n || state.element != dtype_of<T> ||
+                         k > state.target;
+  select_outcome outcome;
+  collect_result band;
+  std::uint32_t edges[2] = {0, 0};
+  if (bootstrap) {
+    const exact_tuning tuning{.samples = options.bootstrap.samples, .z = options.bootstrap.margin_sigmas};
+    outcome = select_exact<Arch>(ex, src, n, k, target, tuning, ws, rw, emit);
+    ++state.bootstraps;
+  } else {
+    const float low_mag = magnitude_of_key<T>(state.low_key);
+    for (int j = 0; j < 2; ++j) edges[j] = std::max<std::uint32_t>(1, key_at_most<T>(low_mag * threshold_edge_ratio[j]));
+    band = collect_candidates<Arch, 2>(ex, src, n, state.low_key, {edges[0], edges[1]}, ws);
+    outcome.passes = 1;
+    if (band.overflow) {
+      // The magnitudes jumped far above the bound: an exact selection by full radix passes.
+      outcome = radix_select_full<Arch>(ex, src.reread(), n, k, ws, rw, emit);
+      outcome.passes += 1;
+      ++state.fallbacks;
+    } else if (band.count >= k) {
+      const kth_key kth = find_kth_candidate(ws, k, key_mask);
+      emit_candidates(ex, ws, key_mask, kth, k, emit);
+      outcome.kth_key = kth.key;
+      outcome.count = k;
+      outcome.candidates_valid = true;
+    } else {
+      // Fewer than k in the band: all of it, plus the lowest-index elements below it. No
+      // extra pass; exact only when the band started at the smallest non-zero key.
+      emit_all_with_fill(ws, k - band.count, n, src.reread(), emit);
+      outcome.kth_key = 0;
+      outcome.count = k;
+      outcome.candidates_valid = true;
+      outcome.deficit = true;
+      outcome.exact = state.low_key == 1;
+      ++state.deficits;
+    }
+  }
+
+  // The bound of the next call: the key of rank `target` of this call when the band holds it,
+  // else interpolated from the counts below the band.
+  std::uint32_t next = 0;
+  if (outcome.candidates_valid && ws.count >= target) {
+    next = std::max<std::uint32_t>(find_kth_candidate(ws, target, key_mask).key, 1);
+  } else if (!bootstrap && !band.overflow) {
+    const float l0 = magnitude_of_key<T>(state.low_key);
+    const float l1 = magnitude_of_key<T>(edges[0]);
+    const float l2 = magnitude_of_key<T>(edges[1]);
+    const auto c0 = static_cast<double>(band.count);
+    const auto c1 = static_cast<double>(band.at_or_above[0]);
+    const auto c2 = static_cast<double>(band.at_or_above[1]);
+    const auto t = static_cast<double>(target);
+    float m;
+    if (c1 >= t) {
+      m = interpolate_magnitude(l0, c0, l1, c1, t);
+    } else if (c2 >= t) {
+      m = interpolate_magnitude(l1, c1, l2, c2, t);
+    } else {
+      m = 0.0f;  // Nothing to place the bound by: bootstrap (sample + exact) on the next call.
+    }
+    next = m > 0.0f ? std::max<std::uint32_t>(key_at_most<T>(m), 1) : 0;
+  } else {
+    // Only the k-th key is known: step below it.
+    next = std::max<std::uint32_t>(key_at_most<T>(magnitude_of_key<T>(outcome.kth_key) * threshold_edge_ratio[0]), 1);
+  }
+  state.low_key = next;
+  state.kth_key = outcome.kth_key;
+  state.tensor_size = n;
+  state.target = target;
+  state.element = dtype_of<T>;
+  state.last_candidates = bootstrap || band.overflow ? ws.count : band.count;
+  ++state.calls;
+  return outcome;
+}
+
+}  // namespace detail
+
+/// Threshold selection with a persistent per-tensor bound, returning exactly min(k, n)
+/// elements on every call (shared semantics in select/selection.hpp).
+///
+/// Each tensor keeps a `threshold_state` (owned by the caller; one per tensor). Its bound L is
+/// bootstrapped by an exact selection and then adapted on every call so that about k (1 +
+/// margin) elements reach it. A call makes one SIMD pass that keeps the elements reaching L
+/// (the "band"), then:
+/// - band >= k (the normal case): the exact top k of the band, which is the exact top k of
+///   the tensor (ties to the lowest index);
+/// - band < k (the magnitudes fell by more than the margin since the last call): the whole
+///   band plus the lowest-index elements below it, still exactly k and still one pass, but
+///   approximate; the counts at two edges below L (0.85 L and 0.6 L, counted in the same
+///   pass) put the next bound right, or, when even 0.6 L holds too few, the next call
+///   bootstraps again;
+/// - the band overflowed its store (magnitudes rose several-fold): an exact selection by
+///   full radix passes (more passes, reported in `selection_stats::fallback`).
+/// No call pays for a refill that other calls do not: the band margin makes refills
+/// unnecessary, and the rare deficit is filled by index at no extra cost.
+/// The next bound is the key of rank k (1 + margin) of this call (known exactly from the band).
+///
+/// Cost per call: one streaming read (memory bound), O(k) work on the band; bootstrap calls
+/// add a stratified sample. A change of n or element type, or a k above the band's target,
+/// bootstraps again. Not thread safe per selector object; different selector objects may run
+/// concurrently. Memory as `exact_topk_selector` with a store of min(n, 3k + min_capacity).
+///
+/// \code
+///   stellatrain::threshold_selector<> sel;
+///   stellatrain::threshold_state state;                // one per tensor, kept across steps
+///   for (int step = 0; step < steps; ++step) {
+///     auto stats = sel.select(pool, state, std::span<const float>(grad), k, std::span(idx), std::span(val));
+///   }
+/// \endcode
+template <class Arch = xsimd::default_arch>
+class threshold_selector {
+ public:
+  using arch_type = Arch;
+
+  threshold_selector() = default;
+  explicit threshold_selector(threshold_options options) : options_(options) {}
+
+  [[nodiscard]] const threshold_options& options() const noexcept { return options_; }
+
+  /// Allocates (pre-faulting across `ex`) what calls with up to `n` elements and `k` need.
+  template <executor Ex>
+  void reserve(Ex& ex, std::uint64_t n, std::uint64_t k) {
+    ws_.reserve(ex, detail::threshold_capacity(n, k, options_.min_capacity), n, options_.bootstrap.samples);
+  }
+
+  /// Writes min(k, n) elements of `x` chosen with `state` to the front of `indices` and
+  /// `values` (indices ascending, offset by `index_base`) and updates `state`. Errors as
+  /// `exact_topk_selector::select`.
+  template <executor Ex, value_type T, index_type Index>
+  selection_stats select(Ex& ex, threshold_state& state, std::type_identity_t<std::span<const T>> x,
+                         std::uint64_t k, std::span<Index> indices, std::span<T> values,
+                         std::uint64_t index_base = 0) {
+    const std::uint64_t n = x.size();
+    detail::check_selection_args<Index>("threshold_selector::select", n, k, indices.size(), values.size(),
+                                        index_base);
+    if (k == 0 || n == 0) return {};
+    if (k >= n) {
+      detail::select_all(ex, x, indices, values, index_base);
+      return {.count = n, .passes = 1};
+    }
+    auto emit = [&](std::uint64_t pos, std::uint64_t i, std::uint32_t bits) {
+      indices[pos] = static_cast<Index>(index_base + i);
+      values[pos] = detail::value_from_bits<T>(bits);
+    };
+    return detail::stats_of(detail::threshold_select<Arch, T>(ex, detail::plain_source<T>{x.data()}, n, k,
+                                                              options_, state, ws_, rw_, emit));
+  }
+
+  /// As above, into `out` (resized to min(k, n); its capacity grows if too small).
+  template <executor Ex, value_type T, index_type Index>
+  selection_stats select(Ex& ex, threshold_state& state, std::type_identity_t<std::span<const T>> x,
+                         std::uint64_t k, sparse_buffer<T, Index>& out, std::uint64_t index_base = 0) {
+    const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
+    out.reserve(m, {.prefault = true});
+    out.resize(m);
+    return select(ex, state, x, k, out.indices(), out.values(), index_base);
+  }
+
+ private:
+  threshold_options options_{};
+  detail::candidate_workspace ws_;
+  detail::radix_workspace rw_;
+};
+
+}  // namespace stellatrain
