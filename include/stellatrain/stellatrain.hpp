@@ -7,6 +7,7 @@
 #include <stellatrain/version.hpp>
 
 #include <stellatrain/core/aligned_buffer.hpp>
+#include <stellatrain/core/crc32c.hpp>
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
@@ -15,3 +16,8 @@
 #include <stellatrain/core/random_indices.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/core/thread_pool.hpp>
+
+#include <stellatrain/pack/aggregate.hpp>
+#include <stellatrain/pack/packer.hpp>
+#include <stellatrain/pack/unpacker.hpp>
+#include <stellatrain/pack/wire_format.hpp>
