@@ -282,6 +282,16 @@ TEST_CASE("packing is deterministic and independent of the thread count", "[pack
       return w;
     };
     const auto a = pack_with(one);
+    {  // prepare and write may be repeated on the same sections
+      message_packer p;
+      p.add(1, s.view(), {.indices = ie, .values = value_encoding::fp16});
+      p.prepare(two);
+      std::vector<std::byte> w(p.prepare(two));
+      p.write(w, two);
+      CHECK(w == a);
+      p.write(w, two);
+      CHECK(w == a);
+    }
     CHECK(pack_with(two) == a);
     CHECK(pack_with(five) == a);
     CHECK(pack_with(one) == a);

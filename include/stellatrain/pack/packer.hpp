@@ -280,6 +280,7 @@ class message_packer {
 
   // Cuts every section with indices into chunks and reserves encoding scratch.
   void plan_chunks() {
+    chunks_.clear();
     std::uint64_t scratch = 0;
     for (std::size_t i = 0; i < sections_.size(); ++i) {
       auto& s = sections_[i];
