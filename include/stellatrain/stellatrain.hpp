@@ -32,6 +32,11 @@
 #include <stellatrain/compress/compressor.hpp>
 #include <stellatrain/compress/error_feedback.hpp>
 
+#include <stellatrain/pack/aggregate.hpp>
+#include <stellatrain/pack/packer.hpp>
+#include <stellatrain/pack/unpacker.hpp>
+#include <stellatrain/pack/wire_format.hpp>
+
 #include <stellatrain/optim/adam.hpp>
 #include <stellatrain/optim/optimizer_concepts.hpp>
 #include <stellatrain/optim/optimizer_types.hpp>

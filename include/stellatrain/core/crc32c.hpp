@@ -1,129 +1,226 @@
 // SPDX-License-Identifier: Apache-2.0
-// CRC-32C (Castagnoli), the checksum of the library's file and wire formats: a portable
-// table-driven implementation and an SSE4.2 one chosen at run time where the CPU has it.
+// CRC-32C (Castagnoli), the checksum of the wire format: a portable table-driven version and the
+// SSE4.2 `crc32` instruction, chosen at run time.
 #pragma once
 
 #include <stellatrain/config.hpp>
 
 #include <array>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <nmmintrin.h>
-#define STELLATRAIN_CRC32C_HAS_SSE42_PATH 1
+#define STELLATRAIN_CRC32C_X86 1
 #else
-#define STELLATRAIN_CRC32C_HAS_SSE42_PATH 0
+#define STELLATRAIN_CRC32C_X86 0
 #endif
 
 namespace stellatrain {
 
 namespace detail {
 
-// Reflected CRC-32C polynomial (0x1EDC6F41 bit-reversed).
+// The Castagnoli polynomial 0x1EDC6F41, bit-reflected (bit 31 is the coefficient of x^0): CRC
+// registers, data and the constants below all use the reflected representation.
 inline constexpr std::uint32_t crc32c_polynomial = 0x82F63B78u;
 
-// Slicing-by-8 tables: table[k][b] is the CRC of byte b followed by k zero bytes, so eight
-// input bytes fold into the running CRC with eight independent lookups.
-using crc32c_tables = std::array<std::array<std::uint32_t, 256>, 8>;
-
-inline constexpr crc32c_tables make_crc32c_tables() noexcept {
-  crc32c_tables t{};
-  for (std::uint32_t b = 0; b < 256; ++b) {
-    std::uint32_t c = b;
-    for (int bit = 0; bit < 8; ++bit) c = (c >> 1) ^ ((c & 1u) != 0 ? crc32c_polynomial : 0u);
-    t[0][b] = c;
+// a(x) * b(x) mod P(x) over GF(2), reflected representation.
+constexpr std::uint32_t crc32c_multiply(std::uint32_t a, std::uint32_t b) noexcept {
+  std::uint32_t product = 0;
+  for (int i = 0; i < 32; ++i) {
+    if (a & (0x80000000u >> i)) product ^= b;
+    b = (b & 1u) ? (b >> 1) ^ crc32c_polynomial : b >> 1;  // b *= x
   }
-  for (std::size_t k = 1; k < 8; ++k) {
-    for (std::uint32_t b = 0; b < 256; ++b) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xffu];
+  return product;
+}
+
+// x^(8 * bytes) mod P(x): multiplying a CRC register by it is the same as feeding it `bytes`
+// zero bytes. Square-and-multiply over the bits of 8 * bytes (64 bits is plenty: a shift by
+// 2^61 bytes is the most any span can ask for).
+constexpr std::uint32_t crc32c_zeros_operator(std::uint64_t bytes) noexcept {
+  std::uint32_t result = 0x80000000u;  // x^0
+  std::uint32_t square = 0x00800000u;  // x^8: one zero byte
+  while (bytes != 0) {
+    if (bytes & 1u) result = crc32c_multiply(result, square);
+    square = crc32c_multiply(square, square);
+    bytes >>= 1;
+  }
+  return result;
+}
+
+// Slicing-by-8 tables: table[0] advances the register by one byte, table[k] by a byte followed
+// by k zero bytes.
+struct crc32c_slicing_tables {
+  std::uint32_t table[8][256];
+};
+
+constexpr crc32c_slicing_tables make_crc32c_slicing_tables() noexcept {
+  crc32c_slicing_tables t{};
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    std::uint32_t r = i;
+    for (int bit = 0; bit < 8; ++bit) r = (r & 1u) ? (r >> 1) ^ crc32c_polynomial : r >> 1;
+    t.table[0][i] = r;
+  }
+  for (int k = 1; k < 8; ++k) {
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      const std::uint32_t prev = t.table[k - 1][i];
+      t.table[k][i] = (prev >> 8) ^ t.table[0][prev & 0xffu];
+    }
   }
   return t;
 }
 
-inline constexpr crc32c_tables crc32c_table = make_crc32c_tables();
+inline constexpr crc32c_slicing_tables crc32c_tables = make_crc32c_slicing_tables();
 
-// Works on the raw (pre-inverted) register: callers invert on entry and exit.
-inline std::uint32_t crc32c_update_portable(std::uint32_t crc, const unsigned char* p,
-                                            std::size_t n) noexcept {
+// A linear map "feed `Bytes` zero bytes" on CRC registers as four byte-indexed tables, so that
+// shifting a register costs four loads instead of a 32-step multiplication.
+struct crc32c_shift_table {
+  std::uint32_t table[4][256];
+};
+
+constexpr crc32c_shift_table make_crc32c_shift_table(std::uint64_t bytes) noexcept {
+  crc32c_shift_table t{};
+  const std::uint32_t op = crc32c_zeros_operator(bytes);
+  for (int k = 0; k < 4; ++k) {
+    for (std::uint32_t i = 0; i < 256; ++i) t.table[k][i] = crc32c_multiply(op, i << (8 * k));
+  }
+  return t;
+}
+
+STELLATRAIN_FORCE_INLINE std::uint32_t crc32c_shift(const crc32c_shift_table& t, std::uint32_t r) noexcept {
+  return t.table[0][r & 0xffu] ^ t.table[1][(r >> 8) & 0xffu] ^ t.table[2][(r >> 16) & 0xffu] ^
+         t.table[3][r >> 24];
+}
+
+// Lane lengths of the three-way interleaved hardware loop. The crc32 instruction has a latency
+// of 3 cycles and a throughput of 1 per cycle, so three independent lanes keep it busy; the
+// lanes are joined by shifting the first two past the bytes that follow them.
+inline constexpr std::size_t crc32c_long_lane = 4096;
+inline constexpr std::size_t crc32c_short_lane = 256;
+inline constexpr crc32c_shift_table crc32c_long_shift = make_crc32c_shift_table(crc32c_long_lane);
+inline constexpr crc32c_shift_table crc32c_short_shift = make_crc32c_shift_table(crc32c_short_lane);
+
+inline std::uint64_t crc32c_load64(const unsigned char* p) noexcept {
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+// Portable update of a raw (not inverted) register, slicing by 8. Reads the bytes as little-endian
+// 32-bit words, so it also runs on big-endian hosts (where it byte-swaps).
+inline std::uint32_t crc32c_update_software(std::uint32_t crc, const unsigned char* p, std::size_t n) noexcept {
+  const auto& t = crc32c_tables.table;
+  auto le32 = [](const unsigned char* q) {
+    return static_cast<std::uint32_t>(q[0]) | (static_cast<std::uint32_t>(q[1]) << 8) |
+           (static_cast<std::uint32_t>(q[2]) << 16) | (static_cast<std::uint32_t>(q[3]) << 24);
+  };
   while (n >= 8) {
-    std::uint32_t lo;
-    std::uint32_t hi;
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    if constexpr (std::endian::native == std::endian::big) {
-      lo = __builtin_bswap32(lo);
-      hi = __builtin_bswap32(hi);
-    }
-    lo ^= crc;
-    crc = crc32c_table[7][lo & 0xffu] ^ crc32c_table[6][(lo >> 8) & 0xffu] ^
-          crc32c_table[5][(lo >> 16) & 0xffu] ^ crc32c_table[4][lo >> 24] ^
-          crc32c_table[3][hi & 0xffu] ^ crc32c_table[2][(hi >> 8) & 0xffu] ^
-          crc32c_table[1][(hi >> 16) & 0xffu] ^ crc32c_table[0][hi >> 24];
+    const std::uint32_t lo = crc ^ le32(p);
+    const std::uint32_t hi = le32(p + 4);
+    crc = t[7][lo & 0xffu] ^ t[6][(lo >> 8) & 0xffu] ^ t[5][(lo >> 16) & 0xffu] ^ t[4][lo >> 24] ^
+          t[3][hi & 0xffu] ^ t[2][(hi >> 8) & 0xffu] ^ t[1][(hi >> 16) & 0xffu] ^ t[0][hi >> 24];
     p += 8;
     n -= 8;
   }
-  while (n-- > 0) crc = (crc >> 8) ^ crc32c_table[0][(crc ^ *p++) & 0xffu];
+  while (n-- != 0) crc = (crc >> 8) ^ t[0][(crc ^ *p++) & 0xffu];
   return crc;
 }
 
-#if STELLATRAIN_CRC32C_HAS_SSE42_PATH
-// The crc32 instruction computes exactly this CRC (it was added to SSE4.2 for it). Compiled
-// for SSE4.2 through the target attribute, so the rest of the program needs no -msse4.2.
-__attribute__((target("sse4.2"))) inline std::uint32_t crc32c_update_sse42(
-    std::uint32_t crc, const unsigned char* p, std::size_t n) noexcept {
+#if STELLATRAIN_CRC32C_X86
+
+// One lane of the crc32 instruction over n bytes (any n).
+__attribute__((target("sse4.2"))) inline std::uint32_t crc32c_lane_hardware(std::uint32_t crc,
+                                                                           const unsigned char* p,
+                                                                           std::size_t n) noexcept {
+#if defined(__x86_64__)
   std::uint64_t c = crc;
-  while (n >= 8) {
-    std::uint64_t word;
-    std::memcpy(&word, p, 8);
-    c = _mm_crc32_u64(c, word);
-    p += 8;
-    n -= 8;
+  for (; n >= 8; n -= 8, p += 8) c = _mm_crc32_u64(c, crc32c_load64(p));
+  crc = static_cast<std::uint32_t>(c);
+#endif
+  for (; n >= 4; n -= 4, p += 4) {
+    std::uint32_t v;
+    std::memcpy(&v, p, 4);
+    crc = _mm_crc32_u32(crc, v);
   }
-  auto c32 = static_cast<std::uint32_t>(c);
-  while (n-- > 0) c32 = _mm_crc32_u8(c32, *p++);
-  return c32;
+  for (; n != 0; --n) crc = _mm_crc32_u8(crc, *p++);
+  return crc;
 }
 
-inline bool cpu_has_sse42() noexcept {
-  // One check per process; __builtin_cpu_supports reads a table filled at start-up.
-  static const bool has = __builtin_cpu_supports("sse4.2") != 0;
-  return has;
-}
+// Three lanes of `lane` bytes each, interleaved, joined into one register.
+template <std::size_t Lane>
+__attribute__((target("sse4.2"))) STELLATRAIN_FORCE_INLINE std::uint32_t crc32c_stripe_hardware(
+    std::uint32_t crc, const unsigned char* p, const crc32c_shift_table& shift) noexcept {
+#if defined(__x86_64__)
+  std::uint64_t a = crc, b = 0, c = 0;
+  for (std::size_t i = 0; i < Lane; i += 8) {
+    a = _mm_crc32_u64(a, crc32c_load64(p + i));
+    b = _mm_crc32_u64(b, crc32c_load64(p + Lane + i));
+    c = _mm_crc32_u64(c, crc32c_load64(p + 2 * Lane + i));
+  }
+  const std::uint32_t ab = crc32c_shift(shift, static_cast<std::uint32_t>(a)) ^ static_cast<std::uint32_t>(b);
+  return crc32c_shift(shift, ab) ^ static_cast<std::uint32_t>(c);
+#else
+  (void)shift;
+  return crc32c_lane_hardware(crc, p, 3 * Lane);
 #endif
+}
+
+__attribute__((target("sse4.2"))) inline std::uint32_t crc32c_update_hardware(std::uint32_t crc,
+                                                                             const unsigned char* p,
+                                                                             std::size_t n) noexcept {
+  for (; n >= 3 * crc32c_long_lane; n -= 3 * crc32c_long_lane, p += 3 * crc32c_long_lane) {
+    crc = crc32c_stripe_hardware<crc32c_long_lane>(crc, p, crc32c_long_shift);
+  }
+  for (; n >= 3 * crc32c_short_lane; n -= 3 * crc32c_short_lane, p += 3 * crc32c_short_lane) {
+    crc = crc32c_stripe_hardware<crc32c_short_lane>(crc, p, crc32c_short_shift);
+  }
+  return crc32c_lane_hardware(crc, p, n);
+}
+
+#endif
+
+/// True when this CPU runs the SSE4.2 crc32 instruction (checked once per call, cheaply).
+[[nodiscard]] inline bool crc32c_hardware_available() noexcept {
+#if STELLATRAIN_CRC32C_X86 && defined(__SSE4_2__)
+  return true;
+#elif STELLATRAIN_CRC32C_X86
+  return __builtin_cpu_supports("sse4.2");
+#else
+  return false;
+#endif
+}
+
+/// `crc32c` on the portable path only (the oracle of the tests).
+[[nodiscard]] inline std::uint32_t crc32c_software(std::span<const std::byte> data,
+                                                   std::uint32_t seed = 0) noexcept {
+  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
+  return ~crc32c_update_software(~seed, p, data.size());
+}
 
 }  // namespace detail
 
-/// CRC-32C (Castagnoli polynomial 0x1EDC6F41, reflected, initial value and final xor
-/// 0xFFFFFFFF), as used by iSCSI, ext4 and many storage formats.
+/// CRC-32C (Castagnoli; the checksum of iSCSI, ext4 and SCTP) of `data`.
 ///
-/// `seed` is the CRC of the bytes before `data` (0 to start), so a checksum can be computed
-/// piece by piece: `crc32c(b, crc32c(a)) == crc32c(a + b)`. Uses the SSE4.2 `crc32`
-/// instruction when the running CPU has it (chosen at run time), else a slicing-by-8 table;
-/// both give the same result. Linear time, no allocation, thread-safe.
+/// `seed` continues a running checksum: `crc32c(b, crc32c(a))` equals the CRC of `a` followed
+/// by `b`; 0 starts a new one. The standard check value holds:
+/// `crc32c("123456789") == 0xE3069283`. Uses the SSE4.2 `crc32` instruction in three
+/// interleaved lanes where the CPU has it (about 8 bytes per cycle), else a slicing-by-8 table
+/// (about 1 byte per cycle); both give the same result on every host.
 ///
 /// \code
-///   const char text[] = "123456789";
-///   auto crc = stellatrain::crc32c(std::as_bytes(std::span(text, 9)));  // 0xE3069283
+///   std::array<std::byte, 9> digits;  // "123456789"
+///   auto crc = stellatrain::crc32c(digits);               // 0xE3069283
+///   auto part = stellatrain::crc32c(std::span(digits).first(4));
+///   auto same = stellatrain::crc32c(std::span(digits).subspan(4), part);  // == crc
 /// \endcode
-[[nodiscard]] inline std::uint32_t crc32c(std::span<const std::byte> data,
-                                          std::uint32_t seed = 0) noexcept {
+[[nodiscard]] inline std::uint32_t crc32c(std::span<const std::byte> data, std::uint32_t seed = 0) noexcept {
   const auto* p = reinterpret_cast<const unsigned char*>(data.data());
-  std::uint32_t crc = ~seed;
-#if STELLATRAIN_CRC32C_HAS_SSE42_PATH
-  if (detail::cpu_has_sse42()) return ~detail::crc32c_update_sse42(crc, p, data.size());
+#if STELLATRAIN_CRC32C_X86
+  if (detail::crc32c_hardware_available()) return ~detail::crc32c_update_hardware(~seed, p, data.size());
 #endif
-  return ~detail::crc32c_update_portable(crc, p, data.size());
-}
-
-/// The same checksum computed by the portable table-driven code only (for tests and for
-/// comparing the two implementations).
-[[nodiscard]] inline std::uint32_t crc32c_portable(std::span<const std::byte> data,
-                                                   std::uint32_t seed = 0) noexcept {
-  return ~detail::crc32c_update_portable(~seed, reinterpret_cast<const unsigned char*>(data.data()),
-                                         data.size());
+  return ~detail::crc32c_update_software(~seed, p, data.size());
 }
 
 }  // namespace stellatrain

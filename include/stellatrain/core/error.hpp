@@ -93,6 +93,7 @@ class error : public std::system_error {
 }
 
 /// Throws `error(code, "<function>: <what>")`, naming the calling function.
+#if defined(__cpp_lib_source_location)
 [[noreturn]] inline void throw_error_here(
     errc code, std::string_view what,
     std::source_location where = std::source_location::current()) {
@@ -101,6 +102,17 @@ class error : public std::system_error {
   message += what;
   throw error(code, message);
 }
+#else
+// Standard libraries without std::source_location for this compiler (libstdc++ 12 with
+// clang 14, which builds the fuzzers): the builtin both compilers have names the caller.
+[[noreturn]] inline void throw_error_here(errc code, std::string_view what,
+                                          const char* function = __builtin_FUNCTION()) {
+  std::string message(function);
+  message += ": ";
+  message += what;
+  throw error(code, message);
+}
+#endif
 
 }  // namespace stellatrain
 

@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: Apache-2.0
+// Bit packing of 32-bit values at a width of 0..32 bits: the vertical layout of full 256-value
+// blocks (SIMD, 8 interleaved 32-bit lanes) and the horizontal layout of shorter blocks, plus
+// LEB128 varints. Scalar versions are the test oracles of the SIMD ones.
+#pragma once
+
+#include <stellatrain/config.hpp>
+#include <stellatrain/pack/wire_format.hpp>
+
+#include <xsimd/xsimd.hpp>
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace stellatrain::detail {
+
+// Vertical layout of a block of 256 values v[0..255] at width b: value j goes to lane j % 8,
+// slot j / 8. Lane l is a little-endian bit stream of its 32 values, b bits each (slot s at bits
+// [s*b, s*b + b)), cut into b 32-bit words; word w of lane l is stored at byte (8*w + l) * 4.
+// The block takes 32 * b bytes. One 8-lane SIMD register holds the same word of every lane,
+// so packing and unpacking are shifts and masks with no shuffles.
+inline constexpr std::size_t vertical_lanes = 8;
+
+[[nodiscard]] constexpr std::uint32_t low_mask32(unsigned b) noexcept {
+  return b >= 32 ? 0xffffffffu : (std::uint32_t{1} << b) - 1u;
+}
+
+inline void pack_vertical_scalar(const std::uint32_t* v, unsigned b, std::byte* out) noexcept {
+  for (std::size_t lane = 0; lane < vertical_lanes; ++lane) {
+    std::uint64_t acc = 0;
+    unsigned fill = 0;
+    std::size_t word = 0;
+    for (std::size_t s = 0; s < wire::block_elements / vertical_lanes; ++s) {
+      acc |= static_cast<std::uint64_t>(v[s * vertical_lanes + lane] & low_mask32(b)) << fill;
+      fill += b;
+      if (fill >= 32) {
+        store_le<std::uint32_t>(out + (word * vertical_lanes + lane) * 4, static_cast<std::uint32_t>(acc));
+        acc >>= 32;
+        fill -= 32;
+        ++word;
+      }
+    }
+  }
+}
+
+inline void unpack_vertical_scalar(const std::byte* in, unsigned b, std::uint32_t* v) noexcept {
+  const std::uint32_t mask = low_mask32(b);
+  for (std::size_t lane = 0; lane < vertical_lanes; ++lane) {
+    for (std::size_t s = 0; s < wire::block_elements / vertical_lanes; ++s) {
+      if (b == 0) {
+        v[s * vertical_lanes + lane] = 0;
+        continue;
+      }
+      const std::size_t bit = s * b;
+      const std::size_t word = bit / 32;
+      const unsigned shift = static_cast<unsigned>(bit % 32);
+      std::uint64_t x = load_le<std::uint32_t>(in + (word * vertical_lanes + lane) * 4) >> shift;
+      if (shift + b > 32) {
+        x |= static_cast<std::uint64_t>(load_le<std::uint32_t>(in + ((word + 1) * vertical_lanes + lane) * 4))
+             << (32 - shift);
+      }
+      v[s * vertical_lanes + lane] = static_cast<std::uint32_t>(x) & mask;
+    }
+  }
+}
+
+// SIMD versions: a batch of W = 4 or 8 lanes covers lanes [h, h + W) of the layout. Other widths
+// (scalar, 16-lane AVX-512) and big-endian hosts use the scalar code.
+template <class Arch>
+inline constexpr bool vertical_simd =
+    std::endian::native == std::endian::little &&
+    (xsimd::batch<std::uint32_t, Arch>::size == 4 || xsimd::batch<std::uint32_t, Arch>::size == 8);
+
+/// Packs v[0..255] (only their low b bits are used) into 32 * b bytes at `out`.
+template <class Arch = xsimd::default_arch>
+void pack_vertical(const std::uint32_t* v, unsigned b, std::byte* out) noexcept {
+  if constexpr (!vertical_simd<Arch>) {
+    pack_vertical_scalar(v, b, out);
+  } else {
+    using batch = xsimd::batch<std::uint32_t, Arch>;
+    constexpr std::size_t width = batch::size;
+    if (b == 0) return;
+    const batch mask(low_mask32(b));
+    auto* words = reinterpret_cast<std::uint32_t*>(out);
+    for (std::size_t h = 0; h < vertical_lanes; h += width) {
+      batch acc(0u);
+      unsigned fill = 0;
+      std::size_t word = 0;
+      for (std::size_t s = 0; s < wire::block_elements / vertical_lanes; ++s) {
+        const batch x = batch::load_unaligned(v + s * vertical_lanes + h) & mask;
+        acc = acc | (x << static_cast<std::int32_t>(fill));
+        fill += b;
+        if (fill >= 32) {
+          acc.store_unaligned(words + word * vertical_lanes + h);
+          ++word;
+          fill -= 32;
+          acc = fill != 0 ? (x >> static_cast<std::int32_t>(b - fill)) : batch(0u);
+        }
+      }
+    }
+  }
+}
+
+/// Unpacks 256 values of b bits from the 32 * b bytes at `in`.
+template <class Arch = xsimd::default_arch>
+void unpack_vertical(const std::byte* in, unsigned b, std::uint32_t* v) noexcept {
+  if constexpr (!vertical_simd<Arch>) {
+    unpack_vertical_scalar(in, b, v);
+  } else {
+    using batch = xsimd::batch<std::uint32_t, Arch>;
+    constexpr std::size_t width = batch::size;
+    if (b == 0) {
+      std::memset(v, 0, wire::block_elements * sizeof(std::uint32_t));
+      return;
+    }
+    const batch mask(low_mask32(b));
+    const auto* words = reinterpret_cast<const std::uint32_t*>(in);
+    for (std::size_t h = 0; h < vertical_lanes; h += width) {
+      batch w = batch::load_unaligned(words + h);
+      unsigned fill = 0;
+      std::size_t word = 0;
+      for (std::size_t s = 0; s < wire::block_elements / vertical_lanes; ++s) {
+        batch x;
+        if (fill + b <= 32) {
+          x = w >> static_cast<std::int32_t>(fill);
+          fill += b;
+          if (fill == 32) {
+            fill = 0;
+            if (++word < b) w = batch::load_unaligned(words + word * vertical_lanes + h);
+          }
+        } else {
+          const batch low = w >> static_cast<std::int32_t>(fill);
+          ++word;
+          w = batch::load_unaligned(words + word * vertical_lanes + h);
+          x = low | (w << static_cast<std::int32_t>(32 - fill));
+          fill = fill + b - 32;
+        }
+        (x & mask).store_unaligned(v + s * vertical_lanes + h);
+      }
+    }
+  }
+}
+
+/// Bytes of `count` values of b bits in the horizontal layout.
+[[nodiscard]] constexpr std::size_t horizontal_bytes(std::size_t count, unsigned b) noexcept {
+  return (count * b + 7) / 8;
+}
+
+// Horizontal layout: one little-endian bit stream, value j at bits [j*b, j*b + b), the last
+// byte padded with zero bits.
+inline void pack_horizontal(const std::uint32_t* v, std::size_t count, unsigned b, std::byte* out) noexcept {
+  std::uint64_t acc = 0;
+  unsigned fill = 0;
+  const std::uint32_t mask = low_mask32(b);
+  for (std::size_t j = 0; j < count; ++j) {
+    acc |= static_cast<std::uint64_t>(v[j] & mask) << fill;
+    fill += b;
+    while (fill >= 8) {
+      *out++ = static_cast<std::byte>(acc);
+      acc >>= 8;
+      fill -= 8;
+    }
+  }
+  if (fill != 0) *out = static_cast<std::byte>(acc);
+}
+
+/// Unpacks `count` values of b bits; returns the padding bits of the last byte (0 when the
+/// stream is canonical).
+inline std::uint32_t unpack_horizontal(const std::byte* in, std::size_t count, unsigned b,
+                                       std::uint32_t* v) noexcept {
+  std::uint64_t acc = 0;
+  unsigned have = 0;
+  const std::uint32_t mask = low_mask32(b);
+  for (std::size_t j = 0; j < count; ++j) {
+    while (have < b) {
+      acc |= static_cast<std::uint64_t>(std::to_integer<std::uint8_t>(*in++)) << have;
+      have += 8;
+    }
+    v[j] = static_cast<std::uint32_t>(acc) & mask;
+    acc >>= b;
+    have -= b;
+  }
+  return static_cast<std::uint32_t>(acc);
+}
+
+/// Bytes of the LEB128 varint of v (1..10).
+[[nodiscard]] constexpr std::size_t varint_bytes(std::uint64_t v) noexcept {
+  return v < 0x80 ? 1 : (static_cast<std::size_t>(std::bit_width(v)) + 6) / 7;
+}
+
+/// Writes v as an LEB128 varint (7 bits per byte, least significant first, high bit = more
+/// bytes follow); returns the end.
+STELLATRAIN_FORCE_INLINE std::byte* write_varint(std::byte* p, std::uint64_t v) noexcept {
+  while (v >= 0x80) {
+    *p++ = static_cast<std::byte>(v | 0x80u);
+    v >>= 7;
+  }
+  *p++ = static_cast<std::byte>(v);
+  return p;
+}
+
+/// Reads one canonical varint from [p, end) into `out`; returns the end of it, or nullptr when
+/// it runs past `end`, does not fit 64 bits, or is not canonical (a last byte of zero after
+/// other bytes).
+STELLATRAIN_FORCE_INLINE const std::byte* read_varint(const std::byte* p, const std::byte* end,
+                                                      std::uint64_t& out) noexcept {
+  if (p != end) {
+    const auto first = std::to_integer<std::uint8_t>(*p);
+    if (first < 0x80) {
+      out = first;
+      return p + 1;
+    }
+  }
+  std::uint64_t v = 0;
+  for (unsigned shift = 0; shift < 70; shift += 7) {
+    if (p == end) return nullptr;
+    const auto byte = std::to_integer<std::uint8_t>(*p++);
+    if (shift == 63 && byte > 1) return nullptr;  // bits past 64
+    v |= static_cast<std::uint64_t>(byte & 0x7fu) << shift;
+    if (byte < 0x80) {
+      if (byte == 0 && shift != 0) return nullptr;  // overlong
+      out = v;
+      return p;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace stellatrain::detail

@@ -1,0 +1,574 @@
+// SPDX-License-Identifier: Apache-2.0
+// Packs the sparse selections of many tensors into one self-describing, checksummed wire
+// message (docs/wire-format.md), choosing each section's index encoding by size.
+#pragma once
+
+#include <stellatrain/config.hpp>
+#include <stellatrain/core/aligned_buffer.hpp>
+#include <stellatrain/core/dtype.hpp>
+#include <stellatrain/core/error.hpp>
+#include <stellatrain/core/executor.hpp>
+#include <stellatrain/core/philox.hpp>
+#include <stellatrain/core/sparse.hpp>
+#include <stellatrain/pack/detail/crc32c_combine.hpp>
+#include <stellatrain/pack/detail/index_codec.hpp>
+#include <stellatrain/pack/detail/value_codec.hpp>
+#include <stellatrain/pack/wire_format.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace stellatrain {
+
+namespace detail {
+
+struct packer_section {
+  std::uint32_t tensor = 0;
+  std::uint64_t dense_size = 0;
+  std::uint64_t count = 0;
+  const void* indices = nullptr;  // null for random_k
+  bool wide = false;              // 64-bit indices
+  const void* values = nullptr;
+  value_encoding source = value_encoding::fp32;  // C++ type of the values
+  value_encoding wire_values = value_encoding::fp32;
+  index_encoding requested = index_encoding::automatic;
+  index_encoding chosen = index_encoding::automatic;
+  random_key key{};
+  std::uint64_t first_chunk = 0;  // into the chunk table
+  std::uint64_t chunks = 0;
+  std::uint64_t scratch_offset = 0;  // of its delta_bitpacked chunks, if encoded
+  std::uint64_t index_bytes = 0;
+  std::uint64_t offset = 0;  // of the section header in the message
+};
+
+struct packer_chunk {
+  std::uint64_t section = 0;
+  std::uint64_t begin = 0;  // first element
+  std::uint64_t count = 0;
+  std::uint64_t bitpacked_bytes = 0;
+  std::uint64_t varint_bytes = 0;
+  std::uint64_t bad = no_position;  // first element (in the chunk) not above its predecessor
+  bool out_of_range = false;        // the chunk's last index is not below the tensor size
+  std::uint64_t data_offset = 0;    // of its bytes after the section's chunk directory
+};
+
+// Bitmap pieces: bytes of the bitmap written by one task.
+inline constexpr std::uint64_t bitmap_piece_bytes = std::uint64_t{1} << 16;
+
+template <class F>
+decltype(auto) with_indices(const packer_section& s, F&& f) {
+  if (s.wide) return f(static_cast<const std::uint64_t*>(s.indices));
+  return f(static_cast<const std::uint32_t*>(s.indices));
+}
+
+template <class F>
+decltype(auto) with_values(const packer_section& s, F&& f) {
+  switch (s.source) {
+    case value_encoding::fp16: return f(static_cast<const fp16*>(s.values));
+    case value_encoding::bf16: return f(static_cast<const bf16*>(s.values));
+    case value_encoding::fp32: break;
+  }
+  return f(static_cast<const float*>(s.values));
+}
+
+}  // namespace detail
+
+/// How one section is packed.
+struct section_options {
+  /// Index encoding; `automatic` picks the one with the fewest bytes for this section.
+  index_encoding indices = index_encoding::automatic;
+  /// Value encoding; values are rounded to nearest even when it is narrower than their type.
+  value_encoding values = value_encoding::fp32;
+};
+
+/// Builds wire messages: one section per tensor, each with its own index and value encoding,
+/// then a CRC-32C over the whole message. docs/wire-format.md describes the bytes.
+///
+/// Use: `clear(tag)`, `add(...)` once per tensor, then `prepare(ex)` (encodes the indices,
+/// checks the input, returns the exact message size) and `write(out, ex)`; or `pack(out, ex)`
+/// for both. The added views must stay valid and unchanged until `write` returns.
+///
+/// Checks (throwing `stellatrain::error` before anything is written to `out`): indices ascend
+/// strictly and lie below the tensor size (`invalid_argument` / `out_of_range`, naming the
+/// section, tensor and position), a tensor appears once per message, a forced encoding can
+/// hold the tensor (raw_u16 needs at most 65536 elements, raw_u32 at most 2^32).
+///
+/// Cost: linear in the indices and values, in cache-sized chunks of 16384 elements spread over
+/// `ex`; the checksum is computed in parallel pieces. Memory: the packer keeps its tables and
+/// an encoding scratch between messages, so once warm (a message as large as any before) it
+/// allocates nothing. One packer is used by one thread at a time.
+///
+/// \code
+///   stellatrain::message_packer packer;
+///   packer.clear(/*tag=*/step);
+///   packer.add(/*tensor=*/0, selection.view(), {.values = stellatrain::value_encoding::bf16});
+///   packer.add(/*tensor=*/1, other.view());
+///   std::vector<std::byte> wire(packer.prepare(pool));
+///   packer.write(wire, pool);
+/// \endcode
+class message_packer {
+ public:
+  message_packer() = default;
+
+  /// Starts a new message carrying `tag` (any 64-bit value, for example the step); the
+  /// sections added before are forgotten, the memory is kept.
+  void clear(std::uint64_t tag = 0) noexcept {
+    tag_ = tag;
+    sections_.clear();
+    chunks_.clear();
+    prepared_ = false;
+    message_bytes_ = 0;
+  }
+
+  /// Adds the selection of tensor `tensor` (indices strictly ascending, below
+  /// `selection.dense_size()`).
+  template <class V, class I>
+  void add(std::uint32_t tensor, sparse_view<const V, const I> selection, section_options options = {}) {
+    static_assert(value_type<V> && index_type<I>);
+    detail::packer_section s;
+    s.tensor = tensor;
+    s.dense_size = selection.dense_size();
+    s.count = selection.size();
+    s.indices = selection.indices().data();
+    s.wide = sizeof(I) == 8;
+    s.values = selection.values().data();
+    s.source = value_encoding_of<V>;
+    s.wire_values = options.values;
+    s.requested = options.indices;
+    check_value_encoding(options.values);
+    if (options.indices == index_encoding::random_k) {
+      throw_error(errc::invalid_argument, "pack: tensor " + std::to_string(tensor) +
+                                              ": random_k sections are added with add_random_k");
+    }
+    if (static_cast<std::uint8_t>(options.indices) > static_cast<std::uint8_t>(index_encoding::random_k)) {
+      throw_error(errc::invalid_argument, "pack: tensor " + std::to_string(tensor) + ": unknown index encoding " +
+                                              std::to_string(static_cast<unsigned>(options.indices)));
+    }
+    push(s);
+  }
+
+  /// Same for a view of mutable elements.
+  template <class V, class I>
+    requires(!std::is_const_v<V> && !std::is_const_v<I>)
+  void add(std::uint32_t tensor, sparse_view<V, I> selection, section_options options = {}) {
+    add(tensor, sparse_view<const V, const I>(selection), options);
+  }
+
+  /// Adds a random-k section: its indices are `sample_sorted_indices(key, dense_size,
+  /// values.size())` (core/random_indices.hpp), which the receiver regenerates, so only the
+  /// key and the values travel. `values[j]` belongs to the j-th of those indices.
+  template <class V>
+  void add_random_k(std::uint32_t tensor, random_key key, std::uint64_t dense_size, std::span<const V> values,
+                    value_encoding encoding = value_encoding::fp32) {
+    static_assert(value_type<V>);
+    check_value_encoding(encoding);
+    detail::packer_section s;
+    s.tensor = tensor;
+    s.dense_size = dense_size;
+    s.count = values.size();
+    s.values = values.data();
+    s.source = value_encoding_of<V>;
+    s.wire_values = encoding;
+    s.requested = index_encoding::random_k;
+    s.key = key;
+    push(s);
+  }
+
+  /// Sections added since `clear`.
+  [[nodiscard]] std::size_t section_count() const noexcept { return sections_.size(); }
+
+  /// The index encoding of section `i` (in the order added), valid after `prepare`.
+  [[nodiscard]] index_encoding chosen_encoding(std::size_t i) const noexcept {
+    STELLATRAIN_ASSERT(prepared_ && i < sections_.size(), "chosen_encoding: prepare first");
+    return sections_[i].chosen;
+  }
+
+  /// Bytes of the prepared message (0 before `prepare`).
+  [[nodiscard]] std::size_t message_bytes() const noexcept { return static_cast<std::size_t>(message_bytes_); }
+
+  /// Checks the sections, encodes their indices (in parallel on `ex`), picks the encodings and
+  /// returns the exact size of the message in bytes.
+  template <executor Executor>
+  std::size_t prepare(Executor& ex) {
+    prepared_ = false;
+    check_sections();
+    plan_chunks();
+    run_chunk_checks(ex);
+    choose_and_lay_out();
+    prepared_ = true;
+    return static_cast<std::size_t>(message_bytes_);
+  }
+
+  /// Writes the prepared message to the front of `out` (at least `message_bytes()` long) and
+  /// returns that part of it.
+  template <executor Executor>
+  std::span<std::byte> write(std::span<std::byte> out, Executor& ex) {
+    if (!prepared_) throw_error(errc::invalid_argument, "pack: write before prepare");
+    if (out.size() < message_bytes_) {
+      throw_error(errc::invalid_argument, "pack: output holds " + std::to_string(out.size()) +
+                                              " bytes, the message needs " + std::to_string(message_bytes_));
+    }
+    std::byte* const m = out.data();
+    write_headers(m);
+    write_payloads(m, ex);
+    const auto body = std::span<const std::byte>(m, static_cast<std::size_t>(message_bytes_ - wire::message_trailer_bytes));
+    detail::store_le<std::uint32_t>(m + body.size(), detail::crc32c_parallel(body, ex));
+    return out.first(static_cast<std::size_t>(message_bytes_));
+  }
+
+  /// `prepare` then `write`.
+  template <executor Executor>
+  std::span<std::byte> pack(std::span<std::byte> out, Executor& ex) {
+    prepare(ex);
+    return write(out, ex);
+  }
+
+ private:
+  static void check_value_encoding(value_encoding e) {
+    if (value_bytes(e) == 0) {
+      throw_error(errc::invalid_argument, "pack: unknown value encoding " + std::to_string(static_cast<unsigned>(e)));
+    }
+  }
+
+  void push(const detail::packer_section& s) {
+    prepared_ = false;
+    sections_.push_back(s);
+  }
+
+  std::string where(std::size_t i) const {
+    return "pack: section " + std::to_string(i) + " (tensor " + std::to_string(sections_[i].tensor) + ")";
+  }
+
+  void check_sections() {
+    if (sections_.size() > std::numeric_limits<std::uint32_t>::max()) {
+      throw_error(errc::invalid_argument, "pack: more than 2^32 - 1 sections in one message");
+    }
+    ids_.clear();
+    for (std::size_t i = 0; i < sections_.size(); ++i) {
+      const auto& s = sections_[i];
+      if (s.count > s.dense_size) {
+        throw_error(errc::invalid_argument, where(i) + ": " + std::to_string(s.count) +
+                                                " pairs exceed the tensor size " + std::to_string(s.dense_size));
+      }
+      if (s.requested == index_encoding::raw_u16 && s.dense_size > 65536) {
+        throw_error(errc::invalid_argument, where(i) + ": raw_u16 holds tensors of up to 65536 elements, not " +
+                                                std::to_string(s.dense_size));
+      }
+      if (s.requested == index_encoding::raw_u32 && s.dense_size > (std::uint64_t{1} << 32)) {
+        throw_error(errc::invalid_argument, where(i) + ": raw_u32 holds tensors of up to 2^32 elements, not " +
+                                                std::to_string(s.dense_size));
+      }
+      ids_.push_back(s.tensor);
+    }
+    std::sort(ids_.begin(), ids_.end());
+    const auto dup = std::adjacent_find(ids_.begin(), ids_.end());
+    if (dup != ids_.end()) {
+      throw_error(errc::invalid_argument, "pack: tensor " + std::to_string(*dup) + " appears twice in one message");
+    }
+  }
+
+  [[nodiscard]] static bool encodes_bitpacked(const detail::packer_section& s) noexcept {
+    return s.requested == index_encoding::automatic || s.requested == index_encoding::delta_bitpacked;
+  }
+
+  // Cuts every section with indices into chunks and reserves encoding scratch.
+  void plan_chunks() {
+    chunks_.clear();
+    std::uint64_t scratch = 0;
+    for (std::size_t i = 0; i < sections_.size(); ++i) {
+      auto& s = sections_[i];
+      s.first_chunk = chunks_.size();
+      s.chunks = s.requested == index_encoding::random_k ? 0 : wire::chunk_count(s.count);
+      s.scratch_offset = scratch;
+      for (std::uint64_t c = 0; c < s.chunks; ++c) {
+        detail::packer_chunk ch;
+        ch.section = i;
+        ch.begin = c * wire::chunk_elements;
+        ch.count = std::min(wire::chunk_elements, s.count - ch.begin);
+        chunks_.push_back(ch);
+      }
+      if (encodes_bitpacked(s)) scratch += s.chunks * chunk_stride(s);
+    }
+    if (scratch > scratch_.size()) {
+      scratch_ = aligned_buffer<std::byte>(static_cast<std::size_t>(scratch));
+    }
+  }
+
+  [[nodiscard]] static std::uint64_t chunk_stride(const detail::packer_section& s) noexcept {
+    return s.wide ? detail::bitpacked_chunk_bound<std::uint64_t>(wire::chunk_elements)
+                  : detail::bitpacked_chunk_bound<std::uint32_t>(wire::chunk_elements);
+  }
+
+  // Per chunk, in parallel: check order and range; encode delta_bitpacked into the scratch
+  // (automatic or requested) and measure the varint size.
+  template <executor Executor>
+  void run_chunk_checks(Executor& ex) {
+    ex.bulk(chunks_.size(), [&](std::size_t k) {
+      auto& ch = chunks_[k];
+      const auto& s = sections_[ch.section];
+      detail::with_indices(s, [&](const auto* idx) {
+        const auto* first = idx + ch.begin;
+        const std::uint64_t base = ch.begin == 0 ? 0 : static_cast<std::uint64_t>(idx[ch.begin - 1]) + 1;
+        ch.out_of_range = static_cast<std::uint64_t>(first[ch.count - 1]) >= s.dense_size;
+        if (encodes_bitpacked(s)) {
+          const std::uint64_t c = k - s.first_chunk;
+          auto r = detail::encode_bitpacked_chunk(first, static_cast<std::size_t>(ch.count), base,
+                                                  scratch_.data() + s.scratch_offset + c * chunk_stride(s));
+          ch.bitpacked_bytes = r.bytes;
+          ch.varint_bytes = r.varint_bytes;
+          ch.bad = r.bad_position;
+        } else if (s.requested == index_encoding::delta_varint) {
+          std::uint64_t bytes = 0;
+          std::uint64_t expect = base;
+          for (std::uint64_t j = 0; j < ch.count; ++j) {
+            const std::uint64_t x = first[j];
+            if (x < expect || (expect == 0 && j > 0)) {
+              ch.bad = j;
+              break;
+            }
+            bytes += detail::varint_bytes(x - expect);
+            expect = x + 1;
+          }
+          ch.varint_bytes = bytes;
+        } else {
+          ch.bad = detail::first_not_ascending(first, static_cast<std::size_t>(ch.count), base);
+        }
+      });
+    });
+  }
+
+  void choose_and_lay_out() {
+    std::uint64_t offset = wire::message_header_bytes;
+    for (std::size_t i = 0; i < sections_.size(); ++i) {
+      auto& s = sections_[i];
+      std::uint64_t bitpacked = wire::directory_bytes(s.count);
+      std::uint64_t varint = bitpacked;
+      for (std::uint64_t c = 0; c < s.chunks; ++c) {
+        const auto& ch = chunks_[s.first_chunk + c];
+        if (ch.bad != detail::no_position) report_disorder(i, ch.begin + ch.bad);
+        if (ch.out_of_range) report_range(i, ch.begin + ch.count - 1);
+        bitpacked += ch.bitpacked_bytes;
+        varint += ch.varint_bytes;
+      }
+      const std::uint64_t n = s.dense_size;
+      const std::uint64_t k = s.count;
+      s.chosen = s.requested;
+      if (s.requested == index_encoding::automatic) {
+        // Fewest bytes; on a tie the earlier entry (the faster decoder) wins.
+        struct candidate {
+          index_encoding e;
+          std::uint64_t bytes;
+          bool ok;
+        };
+        const candidate options[] = {
+            {index_encoding::raw_u16, 2 * k, n <= 65536},
+            {index_encoding::raw_u32, 4 * k, n <= (std::uint64_t{1} << 32)},
+            {index_encoding::bitmap, wire::bitmap_bytes(n), true},
+            {index_encoding::delta_bitpacked, bitpacked, true},
+            {index_encoding::delta_varint, varint, true},
+            {index_encoding::raw_u64, 8 * k, true},
+        };
+        std::uint64_t best = std::numeric_limits<std::uint64_t>::max();
+        for (const auto& o : options) {
+          if (o.ok && o.bytes < best) {
+            best = o.bytes;
+            s.chosen = o.e;
+          }
+        }
+      }
+      switch (s.chosen) {
+        case index_encoding::raw_u16: s.index_bytes = 2 * k; break;
+        case index_encoding::raw_u32: s.index_bytes = 4 * k; break;
+        case index_encoding::raw_u64: s.index_bytes = 8 * k; break;
+        case index_encoding::bitmap: s.index_bytes = wire::bitmap_bytes(n); break;
+        case index_encoding::delta_bitpacked: s.index_bytes = bitpacked; break;
+        case index_encoding::delta_varint: s.index_bytes = varint; break;
+        case index_encoding::random_k: s.index_bytes = wire::random_k_payload_bytes; break;
+        case index_encoding::automatic: break;
+      }
+      // Offsets of the chunks after the directory.
+      std::uint64_t data = 0;
+      for (std::uint64_t c = 0; c < s.chunks; ++c) {
+        auto& ch = chunks_[s.first_chunk + c];
+        ch.data_offset = data;
+        data += s.chosen == index_encoding::delta_bitpacked ? ch.bitpacked_bytes : ch.varint_bytes;
+      }
+      s.offset = offset;
+      offset += wire::section_header_bytes + s.index_bytes + k * value_bytes(s.wire_values);
+    }
+    message_bytes_ = offset + wire::message_trailer_bytes;
+  }
+
+  [[noreturn]] void report_disorder(std::size_t i, std::uint64_t j) const {
+    std::string what = where(i) + ": indices not strictly ascending at position " + std::to_string(j);
+    detail::with_indices(sections_[i], [&](const auto* idx) {
+      what += " (" + std::to_string(idx[j - 1]) + " then " + std::to_string(idx[j]) + ")";
+    });
+    throw_error(errc::invalid_argument, what);
+  }
+
+  [[noreturn]] void report_range(std::size_t i, std::uint64_t last_of_chunk) const {
+    const auto& s = sections_[i];
+    // The chunk ascends strictly, so its first index not below the size is the one to name.
+    std::uint64_t j = last_of_chunk;
+    detail::with_indices(s, [&](const auto* idx) {
+      while (j > 0 && static_cast<std::uint64_t>(idx[j - 1]) >= s.dense_size) --j;
+      throw_error(errc::out_of_range, where(i) + ": index " + std::to_string(idx[j]) + " at position " +
+                                          std::to_string(j) + " is not below the tensor size " +
+                                          std::to_string(s.dense_size));
+    });
+    throw_error(errc::out_of_range, where(i));
+  }
+
+  void write_headers(std::byte* m) const {
+    using detail::store_le;
+    std::memcpy(m, wire::magic.data(), 4);
+    store_le<std::uint16_t>(m + wire::offset_version, wire::version);
+    store_le<std::uint16_t>(m + wire::offset_flags, 0);
+    store_le<std::uint32_t>(m + wire::offset_section_count, static_cast<std::uint32_t>(sections_.size()));
+    store_le<std::uint32_t>(m + wire::offset_header_bytes, static_cast<std::uint32_t>(wire::message_header_bytes));
+    store_le<std::uint64_t>(m + wire::offset_message_bytes, message_bytes_);
+    store_le<std::uint64_t>(m + wire::offset_tag, tag_);
+    for (const auto& s : sections_) {
+      std::byte* h = m + s.offset;
+      store_le<std::uint32_t>(h + wire::offset_tensor, s.tensor);
+      h[wire::offset_index_encoding] = static_cast<std::byte>(s.chosen);
+      h[wire::offset_value_encoding] = static_cast<std::byte>(s.wire_values);
+      store_le<std::uint16_t>(h + wire::offset_section_flags, 0);
+      store_le<std::uint64_t>(h + wire::offset_dense_size, s.dense_size);
+      store_le<std::uint64_t>(h + wire::offset_count, s.count);
+      store_le<std::uint64_t>(h + wire::offset_index_bytes, s.index_bytes);
+      store_le<std::uint64_t>(h + wire::offset_value_bytes, s.count * value_bytes(s.wire_values));
+      std::byte* payload = h + wire::section_header_bytes;
+      if (s.chosen == index_encoding::random_k) {
+        store_le<std::uint64_t>(payload, s.key.seed);
+        store_le<std::uint32_t>(payload + 8, s.key.step);
+        store_le<std::uint32_t>(payload + 12, s.key.tensor);
+      } else if (s.chosen == index_encoding::delta_bitpacked || s.chosen == index_encoding::delta_varint) {
+        detail::with_indices(s, [&](const auto* idx) {
+          for (std::uint64_t c = 1; c < s.chunks; ++c) {
+            const auto& ch = chunks_[s.first_chunk + c];
+            std::byte* e = payload + (c - 1) * wire::directory_entry_bytes;
+            store_le<std::uint64_t>(e, static_cast<std::uint64_t>(idx[ch.begin - 1]) + 1);
+            store_le<std::uint64_t>(e + 8, ch.data_offset);
+          }
+        });
+      }
+    }
+  }
+
+  // Index and value payloads, one task per chunk (its indices, then its values, while the
+  // chunk is in cache) plus one task per 64 KiB of every bitmap.
+  template <executor Executor>
+  void write_payloads(std::byte* m, Executor& ex) {
+    tasks_.clear();
+    for (std::size_t i = 0; i < sections_.size(); ++i) {
+      const auto& s = sections_[i];
+      const std::uint64_t value_chunks = wire::chunk_count(s.count);
+      for (std::uint64_t c = 0; c < value_chunks; ++c) tasks_.push_back({i, c, false});
+      if (s.chosen == index_encoding::bitmap) {
+        const std::uint64_t pieces = (wire::bitmap_bytes(s.dense_size) + detail::bitmap_piece_bytes - 1) /
+                                     detail::bitmap_piece_bytes;
+        for (std::uint64_t p = 0; p < pieces; ++p) tasks_.push_back({i, p, true});
+      }
+    }
+    ex.bulk(tasks_.size(), [&](std::size_t t) {
+      const task& job = tasks_[t];
+      const auto& s = sections_[job.section];
+      std::byte* const payload = m + s.offset + wire::section_header_bytes;
+      if (job.bitmap) {
+        write_bitmap_piece(s, payload, job.piece);
+        return;
+      }
+      const std::uint64_t begin = job.piece * wire::chunk_elements;
+      const std::uint64_t count = std::min(wire::chunk_elements, s.count - begin);
+      write_index_chunk(s, payload, job.piece, begin, count);
+      std::byte* values = payload + s.index_bytes;
+      const std::size_t vb = value_bytes(s.wire_values);
+      detail::with_values(s, [&](const auto* v) {
+        detail::encode_values(v + begin, static_cast<std::size_t>(count), s.wire_values, values + begin * vb);
+      });
+    });
+  }
+
+  void write_index_chunk(const detail::packer_section& s, std::byte* payload, std::uint64_t c, std::uint64_t begin,
+                         std::uint64_t count) const {
+    switch (s.chosen) {
+      case index_encoding::delta_bitpacked: {
+        const auto& ch = chunks_[s.first_chunk + c];
+        std::memcpy(payload + wire::directory_bytes(s.count) + ch.data_offset,
+                    scratch_.data() + s.scratch_offset + c * chunk_stride(s), static_cast<std::size_t>(ch.bitpacked_bytes));
+        return;
+      }
+      case index_encoding::delta_varint: {
+        const auto& ch = chunks_[s.first_chunk + c];
+        detail::with_indices(s, [&](const auto* idx) {
+          const std::uint64_t base = begin == 0 ? 0 : static_cast<std::uint64_t>(idx[begin - 1]) + 1;
+          detail::encode_varint_chunk(idx + begin, static_cast<std::size_t>(count), base,
+                                      payload + wire::directory_bytes(s.count) + ch.data_offset);
+        });
+        return;
+      }
+      case index_encoding::raw_u16:
+        detail::with_indices(s, [&](const auto* idx) {
+          using I = std::remove_cv_t<std::remove_reference_t<decltype(*idx)>>;
+          detail::encode_raw<I, std::uint16_t>(idx + begin, static_cast<std::size_t>(count), payload + 2 * begin);
+        });
+        return;
+      case index_encoding::raw_u32:
+        detail::with_indices(s, [&](const auto* idx) {
+          using I = std::remove_cv_t<std::remove_reference_t<decltype(*idx)>>;
+          detail::encode_raw<I, std::uint32_t>(idx + begin, static_cast<std::size_t>(count), payload + 4 * begin);
+        });
+        return;
+      case index_encoding::raw_u64:
+        detail::with_indices(s, [&](const auto* idx) {
+          using I = std::remove_cv_t<std::remove_reference_t<decltype(*idx)>>;
+          detail::encode_raw<I, std::uint64_t>(idx + begin, static_cast<std::size_t>(count), payload + 8 * begin);
+        });
+        return;
+      case index_encoding::bitmap:
+      case index_encoding::random_k:
+      case index_encoding::automatic: return;
+    }
+  }
+
+  static void write_bitmap_piece(const detail::packer_section& s, std::byte* bitmap, std::uint64_t piece) {
+    const std::uint64_t total = wire::bitmap_bytes(s.dense_size);
+    const std::uint64_t first = piece * detail::bitmap_piece_bytes;
+    const std::uint64_t last = std::min(total, first + detail::bitmap_piece_bytes);
+    std::memset(bitmap + first, 0, static_cast<std::size_t>(last - first));
+    detail::with_indices(s, [&](const auto* idx) {
+      const auto* end = idx + s.count;
+      const auto* it = std::lower_bound(idx, end, first * 8);
+      for (; it != end && static_cast<std::uint64_t>(*it) < last * 8; ++it) {
+        const std::uint64_t x = *it;
+        bitmap[x >> 3] |= static_cast<std::byte>(1u << (x & 7));
+      }
+    });
+  }
+
+  struct task {
+    std::size_t section;
+    std::uint64_t piece;
+    bool bitmap;
+  };
+
+  std::uint64_t tag_ = 0;
+  bool prepared_ = false;
+  std::uint64_t message_bytes_ = 0;
+  std::vector<detail::packer_section> sections_;
+  std::vector<detail::packer_chunk> chunks_;
+  std::vector<std::uint32_t> ids_;
+  std::vector<task> tasks_;
+  aligned_buffer<std::byte> scratch_;
+};
+
+}  // namespace stellatrain

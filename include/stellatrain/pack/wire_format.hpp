@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: Apache-2.0
+// The vocabulary of the gradient wire format: index and value encodings, the fixed layout
+// constants of version 1, and the little-endian field access every reader and writer uses.
+// docs/wire-format.md describes the format byte by byte.
+#pragma once
+
+#include <stellatrain/config.hpp>
+#include <stellatrain/core/dtype.hpp>
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+#include <type_traits>
+
+namespace stellatrain {
+
+namespace detail {
+
+// Little-endian fields at any (unaligned) address, on any host.
+template <class T>
+STELLATRAIN_FORCE_INLINE T load_le(const std::byte* p) noexcept {
+  static_assert(std::is_unsigned_v<T>);
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  if constexpr (std::endian::native == std::endian::big) {
+    T r = 0;
+    for (std::size_t i = 0; i < sizeof(T); ++i) r = static_cast<T>((r << 8) | ((v >> (8 * i)) & 0xffu));
+    v = r;
+  }
+  return v;
+}
+
+template <class T>
+STELLATRAIN_FORCE_INLINE void store_le(std::byte* p, T v) noexcept {
+  static_assert(std::is_unsigned_v<T>);
+  if constexpr (std::endian::native == std::endian::big) {
+    T r = 0;
+    for (std::size_t i = 0; i < sizeof(T); ++i) r = static_cast<T>((r << 8) | ((v >> (8 * i)) & 0xffu));
+    v = r;
+  }
+  std::memcpy(p, &v, sizeof(T));
+}
+
+}  // namespace detail
+
+/// How a section stores its indices on the wire (the byte value is the wire encoding id).
+///
+/// Every encoding carries indices that ascend strictly; `pack` checks this on the sender and
+/// `parse` on the receiver. See docs/wire-format.md for the exact bytes.
+enum class index_encoding : std::uint8_t {
+  /// Sender only: pick the smallest encoding for this section (never on the wire).
+  automatic = 0,
+  raw_u16 = 1,          ///< 2 bytes per index; tensors of at most 65536 elements
+  raw_u32 = 2,          ///< 4 bytes per index; tensors of at most 2^32 elements
+  raw_u64 = 3,          ///< 8 bytes per index
+  delta_varint = 4,     ///< gaps between indices as LEB128 varints, in chunks
+  delta_bitpacked = 5,  ///< gaps bit-packed 256 at a time with patched exceptions, in chunks
+  bitmap = 6,           ///< one bit per tensor element (dense selections)
+  random_k = 7,         ///< no indices: the receiver regenerates them from a `random_key`
+};
+
+/// How a section stores its values (the byte value is the wire id; equal to the `dtype` tag).
+enum class value_encoding : std::uint8_t {
+  fp32 = 1,  ///< IEEE binary32, 4 bytes
+  fp16 = 2,  ///< IEEE binary16, 2 bytes (rounded to nearest even when packing floats)
+  bf16 = 3,  ///< bfloat16, 2 bytes (rounded to nearest even when packing floats)
+};
+
+/// Bytes per value of `e` on the wire; 0 for an id that is not a value encoding.
+[[nodiscard]] constexpr std::size_t value_bytes(value_encoding e) noexcept {
+  switch (e) {
+    case value_encoding::fp32: return 4;
+    case value_encoding::fp16:
+    case value_encoding::bf16: return 2;
+  }
+  return 0;
+}
+
+/// The value encoding that stores `T` (float, fp16 or bf16) without conversion.
+template <class T>
+inline constexpr value_encoding value_encoding_of = static_cast<value_encoding>(dtype_of<T>);
+
+/// Lower-case name of an index encoding ("delta_bitpacked", ...); "unknown" otherwise.
+[[nodiscard]] constexpr std::string_view name_of(index_encoding e) noexcept {
+  switch (e) {
+    case index_encoding::automatic: return "automatic";
+    case index_encoding::raw_u16: return "raw_u16";
+    case index_encoding::raw_u32: return "raw_u32";
+    case index_encoding::raw_u64: return "raw_u64";
+    case index_encoding::delta_varint: return "delta_varint";
+    case index_encoding::delta_bitpacked: return "delta_bitpacked";
+    case index_encoding::bitmap: return "bitmap";
+    case index_encoding::random_k: return "random_k";
+  }
+  return "unknown";
+}
+
+/// Lower-case name of a value encoding ("fp32", "fp16", "bf16"); "unknown" otherwise.
+[[nodiscard]] constexpr std::string_view name_of(value_encoding e) noexcept {
+  switch (e) {
+    case value_encoding::fp32: return "fp32";
+    case value_encoding::fp16: return "fp16";
+    case value_encoding::bf16: return "bf16";
+  }
+  return "unknown";
+}
+
+/// Constants of wire format version 1 (docs/wire-format.md).
+namespace wire {
+
+/// The first four bytes of every message: "STPK".
+inline constexpr std::array<std::byte, 4> magic = {std::byte{'S'}, std::byte{'T'}, std::byte{'P'},
+                                                   std::byte{'K'}};
+/// The format version this build writes and reads.
+inline constexpr std::uint16_t version = 1;
+/// Bytes of the message header (magic .. tag).
+inline constexpr std::size_t message_header_bytes = 32;
+/// Bytes of the trailer (the CRC-32C of everything before it).
+inline constexpr std::size_t message_trailer_bytes = 4;
+/// Bytes of a section header (tensor id .. value payload bytes).
+inline constexpr std::size_t section_header_bytes = 40;
+/// Bytes of the index payload of a `random_k` section (seed, step, tensor key).
+inline constexpr std::size_t random_k_payload_bytes = 16;
+/// Indices per chunk of the delta encodings; chunks after the first are listed in a directory
+/// so that they can be decoded independently (and on separate threads).
+inline constexpr std::uint64_t chunk_elements = 16384;
+/// Bytes of one chunk directory entry (base index, byte offset).
+inline constexpr std::size_t directory_entry_bytes = 16;
+/// Gaps per block of `delta_bitpacked` (the last block of a section may be shorter).
+inline constexpr std::size_t block_elements = 256;
+/// Bytes of a `delta_bitpacked` block header (bit width, exception count).
+inline constexpr std::size_t block_header_bytes = 3;
+/// Largest bit width of a `delta_bitpacked` block.
+inline constexpr unsigned max_block_bits = 32;
+
+// Field offsets in the message header.
+inline constexpr std::size_t offset_magic = 0;
+inline constexpr std::size_t offset_version = 4;
+inline constexpr std::size_t offset_flags = 6;
+inline constexpr std::size_t offset_section_count = 8;
+inline constexpr std::size_t offset_header_bytes = 12;
+inline constexpr std::size_t offset_message_bytes = 16;
+inline constexpr std::size_t offset_tag = 24;
+
+// Field offsets in a section header.
+inline constexpr std::size_t offset_tensor = 0;
+inline constexpr std::size_t offset_index_encoding = 4;
+inline constexpr std::size_t offset_value_encoding = 5;
+inline constexpr std::size_t offset_section_flags = 6;
+inline constexpr std::size_t offset_dense_size = 8;
+inline constexpr std::size_t offset_count = 16;
+inline constexpr std::size_t offset_index_bytes = 24;
+inline constexpr std::size_t offset_value_bytes = 32;
+
+/// Number of chunks of a delta-encoded section of `count` indices.
+[[nodiscard]] constexpr std::uint64_t chunk_count(std::uint64_t count) noexcept {
+  return (count + chunk_elements - 1) / chunk_elements;
+}
+
+/// Bytes of the chunk directory of a delta-encoded section of `count` indices.
+[[nodiscard]] constexpr std::uint64_t directory_bytes(std::uint64_t count) noexcept {
+  const std::uint64_t chunks = chunk_count(count);
+  return chunks <= 1 ? 0 : (chunks - 1) * directory_entry_bytes;
+}
+
+/// Bytes of a `bitmap` index payload for a tensor of `dense_size` elements.
+[[nodiscard]] constexpr std::uint64_t bitmap_bytes(std::uint64_t dense_size) noexcept {
+  return dense_size / 8 + (dense_size % 8 != 0 ? 1 : 0);
+}
+
+}  // namespace wire
+
+}  // namespace stellatrain
