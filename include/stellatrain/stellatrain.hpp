@@ -55,4 +55,6 @@
 #include <stellatrain/transport/metering.hpp>
 #include <stellatrain/transport/shaping.hpp>
 
+#include <stellatrain/pipeline/bucket_plan.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
+#include <stellatrain/pipeline/pipeline.hpp>

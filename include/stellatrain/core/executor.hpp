@@ -45,7 +45,14 @@ concept executor = requires(E& ex, std::size_t n, const detail::bulk_function_ar
   ex.bulk(n, f);
 };
 
-/// Runs every call of a bulk on the calling thread, in index order.
+/// An `executor` that also runs independent tasks: `ex.submit(f)` runs `f()` (a callable
+/// taking nothing) at some later time or at once, on some thread; what it returns is ignored
+/// by the library. The pipeline runs its stages through it.
+template <class E>
+concept task_executor = executor<E> && requires(E& ex, void (*f)()) { ex.submit(f); };
+
+/// Runs every call of a bulk on the calling thread, in index order; `submit` runs the task at
+/// once on the calling thread.
 class inline_executor {
  public:
   [[nodiscard]] std::size_t concurrency() const noexcept { return 1; }
@@ -54,9 +61,14 @@ class inline_executor {
   void bulk(std::size_t n, F&& f) {
     for (std::size_t i = 0; i < n; ++i) f(i);
   }
+
+  template <class F>
+  void submit(F&& f) {
+    f();
+  }
 };
 
-static_assert(executor<inline_executor>);
+static_assert(task_executor<inline_executor>);
 
 /// Calls `fn(begin, end)` for consecutive chunks `[begin, end)` of `[0, total)`, each `grain`
 /// long except possibly the last, through `ex.bulk`. A single chunk runs inline, without the

@@ -181,6 +181,6 @@ class thread_pool {
   std::vector<std::jthread> workers_;  // last: joined before the queue is destroyed
 };
 
-static_assert(executor<thread_pool>);
+static_assert(task_executor<thread_pool>);
 
 }  // namespace stellatrain

@@ -67,13 +67,17 @@ struct density_controller_options {
   /// Aim for comm = target_ratio * compute: below 1 leaves slack for jitter.
   double target_ratio = 0.95;
   /// Weight of the newest sample in the moving averages of bandwidth, latency and compute (1:
-  /// no smoothing). 0.5 tracks a change to within 3% in 5 steps.
+  /// no smoothing).
   double smoothing = 0.5;
+  /// Two samples in a row more than this factor away from their moving average (in the same
+  /// direction) replace it: a changed link is followed after two steps; one such sample
+  /// alone is taken for noise and ignored.
+  double change_factor = 1.3;
   /// Leave the density alone while the new choice is within this relative distance of it: a
   /// dead band that keeps steady state from dithering.
   double dead_band = 0.05;
   /// One-way link latency in seconds if known (0: estimated from measurements that carry the
-  /// link's throughput; else treated as part of the transfer time).
+  /// link's throughput, else counted as transfer time).
   double latency_seconds = 0;
   /// While the exchange finishes below `probe_below * target` for `probe_after` steps in a
   /// row, the bandwidth estimate is raised by `probe_factor` (the estimate can only be
@@ -118,80 +122,121 @@ struct fixed_density {
 /// steps (the smoothing sets how many).
 class adaptive_density_controller {
  public:
+  /// A controller whose model is set later with `set_model` (the pipeline does, once it knows
+  /// the tensors and ranks).
+  explicit adaptive_density_controller(density_controller_options options = {})
+      : adaptive_density_controller(exchange_cost_model{}, options) {}
+
   adaptive_density_controller(exchange_cost_model model, density_controller_options options = {})
       : model_(model), options_(options), density_(clamp(options.initial_density)) {
     if (!(options_.min_density > 0) || options_.min_density > options_.max_density ||
         options_.max_density > 1 || !(options_.smoothing > 0) || options_.smoothing > 1 ||
-        !(options_.target_ratio > 0)) {
+        !(options_.target_ratio > 0) || !(options_.change_factor > 1)) {
       throw_error(errc::invalid_argument,
                   "adaptive_density_controller: need 0 < min_density <= max_density <= 1, "
-                  "0 < smoothing <= 1 and target_ratio > 0");
+                  "0 < smoothing <= 1, target_ratio > 0 and change_factor > 1");
     }
   }
 
   [[nodiscard]] double density() const noexcept { return density_; }
   /// The current bandwidth estimate in bytes per second (0 before the first measurement).
-  [[nodiscard]] double bandwidth() const noexcept { return bandwidth_; }
+  [[nodiscard]] double bandwidth() const noexcept { return bandwidth_.value; }
   /// The current compute-time estimate in seconds (0 before the first measurement).
-  [[nodiscard]] double compute_seconds() const noexcept { return compute_; }
+  [[nodiscard]] double compute_seconds() const noexcept { return compute_.value; }
   /// The current one-way latency estimate in seconds.
   [[nodiscard]] double latency() const noexcept {
     return options_.latency_seconds > 0 ? options_.latency_seconds : latency_;
   }
   [[nodiscard]] const exchange_cost_model& model() const noexcept { return model_; }
+  /// Replaces the cost model (for example when the encoding's bytes per element are measured).
+  void set_model(const exchange_cost_model& model) noexcept { model_ = model; }
+
+  /// Everything the controller learned, for checkpoints: restoring it into a controller with
+  /// the same options makes it decide exactly as the saved one would have.
+  struct state {
+    double density, bandwidth, bandwidth_held, compute, compute_held, latency;
+    std::int64_t fast_steps;
+  };
+  [[nodiscard]] state save_state() const noexcept {
+    return {density_, bandwidth_.value, bandwidth_.held, compute_.value, compute_.held, latency_, fast_steps_};
+  }
+  void load_state(const state& s) noexcept {
+    density_ = clamp(s.density);
+    bandwidth_ = {s.bandwidth, s.bandwidth_held};
+    compute_ = {s.compute, s.compute_held};
+    latency_ = s.latency;
+    fast_steps_ = static_cast<int>(s.fast_steps);
+  }
   /// The model's prediction of the exchange time at the current density and estimates.
   [[nodiscard]] double predicted_comm_seconds() const noexcept {
-    return bandwidth_ > 0 ? model_.comm_seconds(density_, bandwidth_, latency()) : 0.0;
+    return bandwidth_.value > 0 ? model_.comm_seconds(density_, bandwidth_.value, latency()) : 0.0;
   }
 
   void observe(const step_measurement& m) {
-    if (m.compute_seconds > 0) compute_ = average(compute_, m.compute_seconds);
+    if (m.compute_seconds > 0) compute_.add(m.compute_seconds, options_);
     if (m.comm_seconds > 0 && m.link_bytes > 0) {
       const auto bytes = static_cast<double>(m.link_bytes);
       double sample = m.link_bytes_per_second;
       if (sample > 0) {
         // The link's own throughput is known: what it does not explain is latency.
         if (options_.latency_seconds <= 0 && model_.latency_rounds > 0) {
-          latency_ = average(latency_, std::max(0.0, (m.comm_seconds - bytes / sample) / model_.latency_rounds));
+          const double excess = std::max(0.0, (m.comm_seconds - bytes / sample) / model_.latency_rounds);
+          latency_ = latency_ == 0 ? excess : latency_ + options_.smoothing * (excess - latency_);
         }
       } else {
-        // Only wall times are known. Two steps whose messages differ enough in size give the
-        // line comm = rounds * latency + bytes / bandwidth (a secant); its intercept is a
-        // latency sample. Until one exists the latency counts as transfer time, which
-        // underestimates the bandwidth but still converges: each step rescales the density by
-        // target / measured.
-        if (options_.latency_seconds <= 0 && model_.latency_rounds > 0 && previous_bytes_ > 0 &&
-            std::fabs(bytes - previous_bytes_) >= 0.2 * std::max(bytes, previous_bytes_)) {
-          const double slope = (m.comm_seconds - previous_comm_) / (bytes - previous_bytes_);
-          const double intercept = m.comm_seconds - slope * bytes;
-          if (slope > 0 && intercept >= 0) latency_ = average(latency_, intercept / model_.latency_rounds);
-        }
-        previous_bytes_ = bytes;
-        previous_comm_ = m.comm_seconds;
+        // Only wall times are known: charge the known latency (0 if none was given), the rest
+        // to the transfer. An unknown latency makes this sample underestimate the bandwidth;
+        // the density still converges to where comm == target, because each step rescales it
+        // by target / measured (monotonically: the error shrinks by latency / comm per step).
         const double busy = std::max(m.comm_seconds - model_.latency_rounds * latency(), 1e-3 * m.comm_seconds);
         sample = bytes / busy;
       }
-      bandwidth_ = average(bandwidth_, sample);
+      bandwidth_.add(sample, options_);
     }
-    if (bandwidth_ <= 0 || compute_ <= 0) return;
+    if (bandwidth_.value <= 0 || compute_.value <= 0) return;
 
-    const double target = options_.target_ratio * compute_;
+    const double target = options_.target_ratio * compute_.value;
     if (m.comm_seconds > 0 && m.comm_seconds < options_.probe_below * target && density_ < options_.max_density) {
       if (++fast_steps_ >= options_.probe_after) {
-        bandwidth_ *= options_.probe_factor;
+        bandwidth_.value *= options_.probe_factor;
         fast_steps_ = 0;
       }
     } else {
       fast_steps_ = 0;
     }
-    const double wanted = clamp(model_.density_for(target, bandwidth_, latency()));
+    const double wanted = clamp(model_.density_for(target, bandwidth_.value, latency()));
     if (std::fabs(wanted - density_) > options_.dead_band * density_) density_ = wanted;
   }
 
  private:
-  [[nodiscard]] double average(double old, double sample) const noexcept {
-    return old == 0 ? sample : old + options_.smoothing * (sample - old);
-  }
+  // A moving average that follows a change at once but ignores a lone outlier: a sample more
+  // than `change_factor` away from the average is held back; when the next sample is away in
+  // the same direction, the average jumps to the mean of the two, otherwise the held sample
+  // is dropped.
+  struct tracked {
+    double value = 0;
+    double held = 0;  // a deviating sample waiting for confirmation, 0 for none
+
+    void add(double sample, const density_controller_options& o) noexcept {
+      if (value == 0) {
+        value = sample;
+        return;
+      }
+      const bool above = sample > value * o.change_factor;
+      const bool below = sample * o.change_factor < value;
+      if (above || below) {
+        if (held != 0 && (held > value) == above) {
+          value = 0.5 * (held + sample);
+          held = 0;
+        } else {
+          held = sample;
+        }
+        return;
+      }
+      held = 0;
+      value += o.smoothing * (sample - value);
+    }
+  };
   [[nodiscard]] double clamp(double d) const noexcept {
     if (!(d == d)) return options_.min_density;  // NaN from a degenerate model
     return std::clamp(d, options_.min_density, options_.max_density);
@@ -200,11 +245,9 @@ class adaptive_density_controller {
   exchange_cost_model model_;
   density_controller_options options_;
   double density_;
-  double bandwidth_ = 0;
-  double compute_ = 0;
+  tracked bandwidth_;
+  tracked compute_;
   double latency_ = 0;
-  double previous_bytes_ = 0;
-  double previous_comm_ = 0;
   int fast_steps_ = 0;
 };
 

@@ -1,0 +1,1115 @@
+// SPDX-License-Identifier: Apache-2.0
+// The pipeline a data-parallel trainer instantiates: per gradient bucket, select with error
+// feedback, pack, exchange, unpack and aggregate, and step the CPU optimizer, with buckets and
+// steps in flight concurrently and the density chosen per step from measurements.
+#pragma once
+
+#include <stellatrain/config.hpp>
+#include <stellatrain/compress/compressor.hpp>
+#include <stellatrain/core/aligned_buffer.hpp>
+#include <stellatrain/core/crc32c.hpp>
+#include <stellatrain/core/error.hpp>
+#include <stellatrain/core/executor.hpp>
+#include <stellatrain/core/sparse.hpp>
+#include <stellatrain/optim/optimizer_concepts.hpp>
+#include <stellatrain/pack/aggregate.hpp>
+#include <stellatrain/pack/packer.hpp>
+#include <stellatrain/pack/unpacker.hpp>
+#include <stellatrain/pack/wire_format.hpp>
+#include <stellatrain/pipeline/bucket_plan.hpp>
+#include <stellatrain/pipeline/density_controller.hpp>
+#include <stellatrain/transport/allgather.hpp>
+#include <stellatrain/transport/broadcast.hpp>
+#include <stellatrain/transport/concept.hpp>
+
+#include <time.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <queue>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace stellatrain {
+
+/// Settings of a `pipeline`. Every rank must use the same values (except `timeout`).
+struct pipeline_options {
+  /// Target fp32 gradient bytes per bucket (see `plan_buckets`); 0: one bucket per tensor.
+  std::uint64_t bucket_bytes = std::uint64_t{4} << 20;
+  /// 0: the forward of step t+1 sees every update through step t. 1: it may start with the
+  /// updates through step t-1 (step t's exchange and optimizer overlap the next compute).
+  int staleness = 1;
+  /// Gradient hand-overs per tensor and step; the pipeline averages them.
+  std::uint32_t micro_batches = 1;
+  /// How the ranks' selections combine: `reduction::mean` (data-parallel averaging) or sum.
+  reduction op = reduction::mean;
+  /// Index encoding on the wire (`automatic`: the smallest per section).
+  index_encoding wire_indices = index_encoding::automatic;
+  /// Every tensor sends at least this many elements per step (when it has them).
+  std::uint64_t min_k = 1;
+  /// Tensors of at most this many elements are sent whole every step (biases, norms).
+  std::uint64_t send_all_below = 0;
+  /// Threads that run exchanges; bucket b's exchanges run on thread b mod exchange_threads,
+  /// so that the latency of one bucket's exchange overlaps the transfer of another's.
+  int exchange_threads = 2;
+  /// Algorithm of the sparse all-gather.
+  allgather_algorithm algorithm = allgather_algorithm::automatic;
+  /// Bound on every wait: a collective, a gate, a hand-over waiting for a free slot.
+  std::chrono::milliseconds timeout{120'000};
+  /// Tags [tag_base, tag_base + 16384) are the pipeline's; tag_base + 16384 is its broadcast.
+  tag_type tag_base = 4096;
+  /// Aggregation scatters into a dense gradient from this many received pairs per element.
+  double dense_threshold = 0.25;
+};
+
+/// Totals of a pipeline's work on this rank.
+struct pipeline_stats {
+  std::uint64_t steps_applied = 0;   ///< steps whose every bucket is applied
+  std::uint64_t bytes_sent = 0;      ///< packed bytes this rank contributed (its own messages)
+  std::uint64_t link_bytes = 0;      ///< bytes its link carried by the cost model (P - 1 per message)
+  std::uint64_t elements_sent = 0;   ///< selected elements this rank sent
+  double stage_cpu_seconds = 0;      ///< CPU time of its stages (select, pack, unpack, aggregate, optimize)
+  double exchange_seconds = 0;       ///< wall time with an exchange in flight
+  double gate_wait_seconds = 0;      ///< time the application waited in gates and hand-overs
+  double last_density = 0;           ///< density of the last step selected
+};
+
+namespace detail {
+
+inline double thread_cpu_seconds() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+inline constexpr std::uint32_t pipeline_checkpoint_magic = 0x4C505453u;  // "STPL"
+inline constexpr std::uint32_t pipeline_checkpoint_version = 1;
+
+}  // namespace detail
+
+/// The data path of the data-parallel training step, per gradient bucket:
+///
+///   hand-over -> select with error feedback -> pack -> sparse all-gather -> unpack ->
+///   aggregate (average) -> sparse optimizer step on the fp32 master parameters
+///
+/// `Compressor` (a `compressor`: the selection and its residuals), `Transport` (a `transport`),
+/// `Optimizer` (a `sparse_optimizer`: the master parameters and their state), `Executor` (a
+/// `task_executor`, e.g. `thread_pool`: runs the stages and their kernels) and `Policy` (a
+/// `density_policy`: the density of each step) are the application's choice.
+///
+/// Use:
+/// 1. `add_tensor(id, initial)` for every parameter tensor, in forward order, then `start()`
+///    on every rank (collective): the tensors are grouped into buckets (`plan_buckets`), rank
+///    0's initial values are broadcast so that every rank starts from the same parameters.
+/// 2. Each step: after the backward pass produced a tensor's gradient, `push_gradient(t, g)`
+///    (`micro_batches` times per step with gradient accumulation). When every tensor of a
+///    bucket is in, the bucket goes down the pipeline while backward continues.
+/// 3. Before the forward pass reads a bucket's parameters: `wait_for_forward(b)`, then
+///    `copy_params(t, out)` for its tensors (the analogue of the upload to the GPU).
+///
+/// Staleness (the gate of step 3): with `staleness` 0, the forward of step t+1 waits until
+/// every update of step t is applied; with 1, until every update of step t-1 is, so that step
+/// t's exchange and optimizer run during step t+1's compute (the paper's mode). The parameters
+/// it copies then hold the updates through t-1 and possibly t's (whichever is done): every
+/// rank still holds bit-identical parameters after each applied step, because every rank
+/// applies the same aggregated update in the same order.
+///
+/// Concurrency: selection and packing of bucket b at step t run while bucket b+1 is on the
+/// wire and bucket b+2 is optimized; stages of one bucket run in step order. Ready stages run
+/// oldest step first, then front bucket first (front layers are needed first by the next
+/// forward). Exchanges run in a fixed order on every rank (step, then bucket from the back),
+/// each on its own tags, so ranks never wait on each other's different buckets.
+///
+/// Determinism: aggregation reads the ranks' messages by rank, never by arrival, so the order
+/// in which messages arrive changes nothing.
+///
+/// Errors: a failure in any stage on any rank (bad message, peer failure, timeout, an
+/// exception from a stage) aborts the transport, so every rank's pipeline fails; the next call
+/// of every rank then throws `stellatrain::error` (or the stage's exception). No call hangs
+/// past `timeout`.
+///
+/// Threads: one thread hands over the gradients of a given tensor at a time; gates and
+/// `copy_params` may be called from any thread. The pipeline's own threads are its exchange
+/// threads; everything else runs on the executor.
+template <compressor Compressor, transport Transport, sparse_optimizer Optimizer, task_executor Executor,
+          density_policy Policy = adaptive_density_controller>
+class pipeline {
+  using value_t = typename Compressor::value_type;
+  using index_t = typename Compressor::index_type;
+
+ public:
+  pipeline(Transport& transport, Executor& executor, Compressor compressor, Optimizer optimizer,
+           pipeline_options options = {}, Policy policy = Policy{})
+      : transport_(transport),
+        ex_(executor),
+        compressor_(std::move(compressor)),
+        optimizer_(std::move(optimizer)),
+        policy_(std::move(policy)),
+        options_(options) {
+    if (options_.staleness < 0 || options_.staleness > 1) {
+      throw_error(errc::invalid_argument, "pipeline: staleness must be 0 or 1");
+    }
+    if (options_.micro_batches == 0 || options_.exchange_threads < 1) {
+      throw_error(errc::invalid_argument, "pipeline: micro_batches and exchange_threads must be at least 1");
+    }
+  }
+
+  pipeline(const pipeline&) = delete;
+  pipeline& operator=(const pipeline&) = delete;
+
+  /// Stops the exchange threads and waits for the stages in flight. Call `flush()` on every
+  /// rank before destroying the pipelines; destroying one with exchanges in flight aborts the
+  /// transport (the other ranks then fail instead of waiting).
+  ~pipeline() {
+    {
+      std::unique_lock lock(mutex_);
+      stopping_ = true;
+      const bool in_flight = started_ && applied_step_ + 1 < pushed_steps_;
+      if (in_flight && !failed_) {
+        failed_ = true;
+        failure_ = std::make_exception_ptr(error(errc::peer_failure, "pipeline destroyed with steps in flight"));
+        detail::abort_transport(transport_, "stellatrain pipeline destroyed with steps in flight");
+      }
+    }
+    changed_.notify_all();
+    exchangers_.clear();  // joins
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return active_tasks_ == 0; });
+  }
+
+  // ------------------------------------------------------------------ registration
+
+  /// Registers a parameter tensor with its initial values (copied); returns its index. `id` is
+  /// its name on the wire (unique). Tensors are registered in forward order, before `start`.
+  std::size_t add_tensor(std::uint32_t id, std::span<const float> initial) {
+    if (started_) throw_error(errc::invalid_argument, "pipeline::add_tensor: the pipeline has started");
+    if (id == control_tensor) {
+      throw_error(errc::invalid_argument, "pipeline::add_tensor: tensor id 0xFFFFFFFF is reserved for the pipeline's reports");
+    }
+    for (const auto& t : tensors_) {
+      if (t.id == id) throw_error(errc::invalid_argument, "pipeline::add_tensor: tensor id " + std::to_string(id) + " is already registered");
+    }
+    tensor_state t;
+    t.id = id;
+    t.size = initial.size();
+    initial_.insert(initial_.end(), initial.begin(), initial.end());
+    tensors_.push_back(std::move(t));
+    return tensors_.size() - 1;
+  }
+
+  /// Collective: plans the buckets, broadcasts rank 0's initial parameters (every rank must
+  /// have registered the same tensor ids and sizes; a mismatch throws on every rank) and starts
+  /// the exchange threads.
+  void start() {
+    if (started_) throw_error(errc::invalid_argument, "pipeline::start: already started");
+    if (tensors_.empty()) throw_error(errc::invalid_argument, "pipeline::start: no tensors registered");
+    ranks_ = transport_.size();
+    broadcast_initial();
+    std::vector<std::uint64_t> sizes;
+    for (const auto& t : tensors_) sizes.push_back(t.size);
+    const auto plan = plan_buckets(sizes, options_.bucket_bytes);
+    buckets_.reserve(plan.size());
+    std::uint64_t offset = 0;
+    for (std::size_t b = 0; b < plan.size(); ++b) {
+      auto bucket = std::make_unique<bucket_state>();
+      bucket->range = plan[b];
+      std::uint64_t in_bucket = 0;
+      std::uint64_t largest = 0;
+      for (std::size_t i = 0; i < plan[b].tensor_count; ++i) {
+        tensor_state& t = tensors_[plan[b].first_tensor + i];
+        t.bucket = b;
+        t.offset_in_bucket = in_bucket;
+        in_bucket += t.size;
+        largest = std::max(largest, t.size);
+        const std::span<const float> init(initial_.data() + offset, t.size);
+        offset += t.size;
+        t.optimizer_index = optimizer_.add_tensor(init, ex_);
+        compressor_.add_tensor(ex_, t.id, t.size);
+        bucket->unpacker.register_tensor(t.id, t.size);
+      }
+      for (auto& slot : bucket->slots) {
+        slot.grad = aligned_buffer<float>(in_bucket, {.prefault = true}, ex_);
+        slot.received.resize(static_cast<std::size_t>(ranks_));
+      }
+      bucket->unpacker.register_tensor(control_tensor, control_values);
+      bucket->control_out = sparse_buffer<float, index_t>(control_values, control_values);
+      bucket->control_in = sparse_buffer<float, index_t>(control_values, control_values);
+      bucket->selections.resize(plan[b].tensor_count);
+      bucket->decoded.resize(static_cast<std::size_t>(ranks_));
+      for (auto& per_rank : bucket->decoded) per_rank.resize(plan[b].tensor_count);
+      bucket->dense_grad = aligned_buffer<float>(largest, {.prefault = true}, ex_);
+      buckets_.push_back(std::move(bucket));
+    }
+    input_views_.resize(buckets_.size());
+    peer_reports_.assign(static_cast<std::size_t>(ranks_), {});
+    initial_.clear();
+    initial_.shrink_to_fit();
+    for (auto& t : tensors_) total_elements_ += t.size;
+    if constexpr (requires { policy_.set_model(exchange_cost_model{}); }) {
+      policy_.set_model(cost_model(8.0));
+    }
+    started_ = true;
+    start_exchangers();
+  }
+
+  // ------------------------------------------------------------------ the model
+
+  [[nodiscard]] std::size_t tensor_count() const noexcept { return tensors_.size(); }
+  [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  [[nodiscard]] std::size_t bucket_of(std::size_t tensor) const { return tensors_.at(tensor).bucket; }
+  [[nodiscard]] bucket_range bucket(std::size_t b) const { return buckets_.at(b)->range; }
+  [[nodiscard]] std::uint64_t tensor_size(std::size_t tensor) const { return tensors_.at(tensor).size; }
+  [[nodiscard]] const pipeline_options& options() const noexcept { return options_; }
+  [[nodiscard]] int rank() const noexcept { return transport_.rank(); }
+  [[nodiscard]] int ranks() const noexcept { return ranks_; }
+
+  // ------------------------------------------------------------------ per step
+
+  /// Hands over (one micro-batch of) the gradient of tensor `t` for the current step of that
+  /// tensor: the pipeline copies it, so `grad` may be reused at once. The step of a hand-over
+  /// is its count divided by `micro_batches`. Waits (a gate) only when the application runs
+  /// more than `staleness + 1` steps ahead of the pipeline.
+  void push_gradient(std::size_t t, std::span<const float> grad) {
+    require_started("push_gradient");
+    tensor_state& ts = tensors_.at(t);
+    if (grad.size() != ts.size) {
+      throw_error(errc::size_mismatch, "pipeline::push_gradient: tensor " + std::to_string(ts.id) + " has " +
+                                           std::to_string(ts.size) + " elements, the gradient " +
+                                           std::to_string(grad.size()));
+    }
+    bucket_state& b = *buckets_[ts.bucket];
+    const std::uint64_t count = ts.pushes;
+    const std::int64_t step = static_cast<std::int64_t>(count / options_.micro_batches);
+    const std::uint32_t micro = static_cast<std::uint32_t>(count % options_.micro_batches);
+    slot_state& slot = b.slots[static_cast<std::size_t>(step % 2)];
+    if (micro == 0) {
+      // The slot last held step - 2: its selection must be done before it is overwritten.
+      timed_wait("push_gradient: waiting for the selection of step " + std::to_string(step - 2),
+                 [&] { return b.compressed >= step - 2; });
+    }
+    float* dst = slot.grad.data() + ts.offset_in_bucket;
+    if (micro == 0) {
+      std::memcpy(dst, grad.data(), grad.size_bytes());
+    } else {
+      for (std::size_t i = 0; i < grad.size(); ++i) dst[i] += grad[i];
+    }
+    if (micro + 1 == options_.micro_batches && options_.micro_batches > 1) {
+      const float scale = 1.0f / static_cast<float>(options_.micro_batches);
+      for (std::size_t i = 0; i < grad.size(); ++i) dst[i] *= scale;
+    }
+    ts.pushes = count + 1;
+    if (micro + 1 < options_.micro_batches) return;
+
+    std::lock_guard lock(mutex_);
+    if (slot.pushes_step != step) {
+      slot.pushes_step = step;
+      slot.pushes = 0;
+    }
+    ++slot.pushes;
+    if (slot.pushes == b.range.tensor_count) {
+      if (++step_pushed_buckets(step) == buckets_.size()) step_completed(step);
+      launch_ready(ts.bucket);
+    }
+  }
+
+  /// Waits until bucket `b` holds every update through `step` (a step below 0 returns at
+  /// once). Throws the pipeline's failure, or `errc::timeout` after `options().timeout`.
+  void wait_ready(std::size_t b, std::int64_t step) {
+    require_started("wait_ready");
+    bucket_state& bs = *buckets_.at(b);
+    timed_wait("wait_ready: bucket " + std::to_string(b) + " step " + std::to_string(step),
+               [&] { return bs.applied >= step; });
+  }
+
+  /// The gate of the next forward pass for bucket `b`: waits for the updates through step
+  /// s - 1 - staleness, where s is the number of steps whose gradients were handed over.
+  void wait_for_forward(std::size_t b) {
+    require_started("wait_for_forward");
+    std::int64_t pushed;
+    {
+      std::lock_guard lock(mutex_);
+      pushed = pushed_steps_;
+    }
+    wait_ready(b, pushed - 1 - options_.staleness);
+  }
+
+  /// Copies the fp32 parameters of tensor `t` into `out` (out.size() == the tensor's size), as
+  /// one consistent snapshot (never half of an update).
+  void copy_params(std::size_t t, std::span<float> out) {
+    require_started("copy_params");
+    const tensor_state& ts = tensors_.at(t);
+    if (out.size() != ts.size) {
+      throw_error(errc::size_mismatch, "pipeline::copy_params: tensor " + std::to_string(ts.id) + " has " +
+                                           std::to_string(ts.size) + " elements, the output " +
+                                           std::to_string(out.size()));
+    }
+    bucket_state& b = *buckets_[ts.bucket];
+    std::lock_guard lock(b.params_mutex);
+    const auto p = std::as_const(optimizer_).params(ts.optimizer_index);
+    std::memcpy(out.data(), p.data(), out.size_bytes());
+  }
+
+  /// Waits until every handed-over step is applied on this rank (not a barrier: other ranks
+  /// may be behind).
+  void flush() {
+    require_started("flush");
+    timed_wait("flush", [&] {
+      for (const auto& b : buckets_) {
+        if (b->applied + 1 < pushed_steps_) return false;
+      }
+      return true;
+    });
+  }
+
+  /// Steps whose gradients were all handed over.
+  [[nodiscard]] std::int64_t steps_pushed() const {
+    std::lock_guard lock(mutex_);
+    return pushed_steps_;
+  }
+
+  /// Totals of this rank's work so far.
+  [[nodiscard]] pipeline_stats stats() const {
+    std::lock_guard lock(mutex_);
+    pipeline_stats s = stats_;
+    s.steps_applied = static_cast<std::uint64_t>(applied_step_ + 1);
+    return s;
+  }
+
+  /// The density the next step selects with.
+  [[nodiscard]] double next_density() const {
+    std::lock_guard lock(mutex_);
+    return policy_.density();
+  }
+
+  [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
+
+  /// The last measurement handed to the policy (all ranks' reports of one step, combined),
+  /// and how many steps were observed so far.
+  [[nodiscard]] std::pair<step_measurement, std::uint64_t> last_measurement() const {
+    std::lock_guard lock(mutex_);
+    return {last_measurement_, observations_};
+  }
+  /// The optimizer (its master parameters and state). Use only while no step is in flight.
+  [[nodiscard]] Optimizer& optimizer() noexcept { return optimizer_; }
+  [[nodiscard]] Compressor& compressor() noexcept { return compressor_; }
+
+  // ------------------------------------------------------------------ checkpoints
+
+  /// Writes the whole state (step, parameters and optimizer state, residuals and compressor
+  /// state, the policy's state where it has one) as a checksummed, versioned blob. Call after
+  /// `flush()` with no hand-over in progress; the blob of each rank holds that rank's state
+  /// (residuals differ between ranks).
+  [[nodiscard]] std::vector<std::byte> save_checkpoint() {
+    flush();
+    std::lock_guard lock(mutex_);
+    std::vector<std::byte> out;
+    auto put = [&](const auto& v) {
+      const auto* p = reinterpret_cast<const std::byte*>(&v);
+      out.insert(out.end(), p, p + sizeof v);
+    };
+    put(detail::pipeline_checkpoint_magic);
+    put(detail::pipeline_checkpoint_version);
+    put(static_cast<std::uint64_t>(pushed_steps_));
+    put(static_cast<std::uint64_t>(tensors_.size()));
+    for (const auto& t : tensors_) {
+      put(t.id);
+      put(static_cast<std::uint64_t>(t.size));
+    }
+    if constexpr (requires { policy_.save_state(); }) {
+      const auto s = policy_.save_state();
+      put(static_cast<std::uint64_t>(sizeof s));
+      put(s);
+    } else {
+      put(std::uint64_t{0});
+    }
+    const auto c = compressor_.save_state();
+    put(static_cast<std::uint64_t>(c.size()));
+    out.insert(out.end(), c.begin(), c.end());
+    const auto o_size = static_cast<std::size_t>(optimizer_.state_size_bytes());
+    put(static_cast<std::uint64_t>(o_size));
+    const std::size_t at = out.size();
+    out.resize(at + o_size);
+    optimizer_.save_state(std::span<std::byte>(out).subspan(at));
+    put(crc32c(out));
+    return out;
+  }
+
+  /// Restores a blob of `save_checkpoint` into a started pipeline with the same tensors and
+  /// options; a corrupted or mismatched blob throws (`errc::checksum_mismatch`,
+  /// `errc::malformed_message`, `errc::invalid_argument`) before anything changes. The run then
+  /// continues exactly as the saved one would have. Call with no step in flight.
+  void load_checkpoint(std::span<const std::byte> blob) {
+    flush();
+    stop_exchangers();
+    struct restart {
+      pipeline* self;
+      ~restart() { self->start_exchangers(); }
+    } restart_on_exit{this};
+    std::lock_guard lock(mutex_);
+    if (blob.size() < 4 + 4 + 8 + 8 + 4) throw_error(errc::malformed_message, "pipeline checkpoint: truncated");
+    std::uint32_t crc;
+    std::memcpy(&crc, blob.data() + blob.size() - 4, 4);
+    if (crc32c(blob.first(blob.size() - 4)) != crc) {
+      throw_error(errc::checksum_mismatch, "pipeline checkpoint: checksum mismatch");
+    }
+    std::size_t at = 0;
+    auto get = [&]<class T>(T& v) {
+      if (at + sizeof v > blob.size() - 4) throw_error(errc::malformed_message, "pipeline checkpoint: truncated");
+      std::memcpy(&v, blob.data() + at, sizeof v);
+      at += sizeof v;
+    };
+    std::uint32_t magic = 0, version = 0;
+    get(magic);
+    get(version);
+    if (magic != detail::pipeline_checkpoint_magic) throw_error(errc::malformed_message, "pipeline checkpoint: bad magic");
+    if (version != detail::pipeline_checkpoint_version) {
+      throw_error(errc::version_mismatch, "pipeline checkpoint: version " + std::to_string(version));
+    }
+    std::uint64_t steps = 0, count = 0;
+    get(steps);
+    get(count);
+    if (count != tensors_.size()) {
+      throw_error(errc::invalid_argument, "pipeline checkpoint: " + std::to_string(count) + " tensors, the pipeline has " +
+                                              std::to_string(tensors_.size()));
+    }
+    for (const auto& t : tensors_) {
+      std::uint32_t id = 0;
+      std::uint64_t size = 0;
+      get(id);
+      get(size);
+      if (id != t.id || size != t.size) {
+        throw_error(errc::invalid_argument, "pipeline checkpoint: tensor " + std::to_string(id) + " of " +
+                                                std::to_string(size) + " elements where the pipeline has tensor " +
+                                                std::to_string(t.id) + " of " + std::to_string(t.size));
+      }
+    }
+    std::uint64_t policy_bytes = 0;
+    get(policy_bytes);
+    const std::size_t policy_at = at;
+    if (policy_bytes > blob.size() - 4 - at) throw_error(errc::malformed_message, "pipeline checkpoint: truncated");
+    at += static_cast<std::size_t>(policy_bytes);
+    std::uint64_t c_bytes = 0;
+    get(c_bytes);
+    if (c_bytes > blob.size() - 4 - at) throw_error(errc::malformed_message, "pipeline checkpoint: truncated");
+    const auto c_state = blob.subspan(at, static_cast<std::size_t>(c_bytes));
+    at += static_cast<std::size_t>(c_bytes);
+    std::uint64_t o_bytes = 0;
+    get(o_bytes);
+    if (o_bytes != blob.size() - 4 - at) throw_error(errc::malformed_message, "pipeline checkpoint: bad optimizer length");
+    const auto o_state = blob.subspan(at, static_cast<std::size_t>(o_bytes));
+    // The parts check themselves before they change anything; the optimizer goes first (its
+    // checks are the strictest), then the compressor.
+    optimizer_.load_state(o_state);
+    compressor_.load_state(ex_, c_state);
+    if constexpr (requires { policy_.load_state(policy_.save_state()); }) {
+      using state_t = decltype(policy_.save_state());
+      if (policy_bytes == sizeof(state_t)) {
+        state_t s;
+        std::memcpy(&s, blob.data() + policy_at, sizeof s);
+        policy_.load_state(s);
+      }
+    }
+    const auto s = static_cast<std::int64_t>(steps);
+    pushed_steps_ = s;
+    applied_step_ = s - 1;
+    for (auto& t : tensors_) t.pushes = steps * options_.micro_batches;
+    for (auto& b : buckets_) {
+      b->compressed = b->exchanged = b->applied = s - 1;
+      for (auto& slot : b->slots) {
+        slot.pushes = 0;
+        slot.pushes_step = -1;
+      }
+    }
+    first_unexchanged_step_ = s;
+    my_reports_ = {};
+    for (auto& t : peer_reports_) t = {};
+    next_observation_ = s;
+  }
+
+ private:
+  struct tensor_state {
+    std::uint32_t id = 0;
+    std::uint64_t size = 0;
+    std::size_t bucket = 0;
+    std::uint64_t offset_in_bucket = 0;
+    std::size_t optimizer_index = 0;
+    std::uint64_t pushes = 0;  // hand-overs so far (micro-batches included)
+  };
+
+  struct slot_state {
+    aligned_buffer<float> grad;               // the bucket's tensors' gradients, concatenated
+    std::int64_t pushes_step = -1;            // the step `pushes` counts for
+    std::size_t pushes = 0;                   // tensors handed over completely
+    std::vector<std::byte> message;           // this rank's packed selection
+    std::vector<message_buffer> received;     // every rank's message, by rank
+  };
+
+  struct bucket_state {
+    bucket_range range;
+    slot_state slots[2];                      // steps alternate between two slots
+    std::int64_t compressed = -1;             // last step selected and packed
+    std::int64_t exchanged = -1;              // last step exchanged
+    std::int64_t applied = -1;                // last step whose update is applied
+    bool compress_busy = false;
+    bool apply_busy = false;
+    std::vector<sparse_buffer<value_t, index_t>> selections;   // per tensor of the bucket
+    sparse_buffer<float, index_t> control_out;  // this rank's reports, packed with each message
+    sparse_buffer<float, index_t> control_in;
+    message_packer packer;
+    message_unpacker unpacker;
+    std::vector<std::vector<sparse_buffer<float, index_t>>> decoded;  // [rank][tensor]
+    sparse_merger merger;
+    sparse_buffer<float, index_t> merged;
+    aligned_buffer<float> dense_grad;
+    std::mutex params_mutex;                  // optimizer step vs copy_params
+  };
+
+  struct step_record {
+    std::int64_t step = -1;
+    std::size_t pushed_buckets = 0;
+    std::size_t exchanged_buckets = 0;
+    std::size_t applied_buckets = 0;
+    double density = -1;
+    double compute_seconds = 0;
+    transport_clock::time_point exchange_begin{};
+    transport_clock::time_point exchange_end{};
+    std::uint64_t link_bytes = 0;
+    std::uint64_t message_bytes = 0;
+    std::uint64_t elements = 0;
+  };
+
+  struct ready_task {
+    std::int64_t step;
+    std::size_t bucket;
+    bool apply;  // else compress
+    bool operator<(const ready_task& o) const noexcept {
+      // priority_queue pops the largest: the oldest step, then the front bucket, then apply.
+      if (step != o.step) return step > o.step;
+      if (bucket != o.bucket) return bucket > o.bucket;
+      return !apply && o.apply;
+    }
+  };
+
+  // ---------------------------------------------------------------- helpers (mutex_ held)
+
+  step_record& record(std::int64_t step) {
+    step_record& r = records_[static_cast<std::size_t>(step % records_size)];
+    if (r.step != step) {
+      r = step_record{};
+      r.step = step;
+    }
+    return r;
+  }
+
+  std::size_t& step_pushed_buckets(std::int64_t step) { return record(step).pushed_buckets; }
+
+  void step_completed(std::int64_t step) {
+    // All buckets of `step` handed over: the compute time of the step is the time since the
+    // previous step completed, less the time the application spent waiting in gates.
+    const auto now = transport_clock::now();
+    if (last_step_time_ != transport_clock::time_point{}) {
+      const double interval = std::chrono::duration<double>(now - last_step_time_).count();
+      record(step).compute_seconds = std::max(0.0, interval - gate_wait_in_step_);
+    }
+    last_step_time_ = now;
+    gate_wait_in_step_ = 0;
+    pushed_steps_ = step + 1;
+  }
+
+  double density_of(std::int64_t step) {
+    step_record& r = record(step);
+    if (r.density < 0) r.density = std::clamp(static_cast<double>(policy_.density()), 0.0, 1.0);
+    return r.density;
+  }
+
+  void launch_ready(std::size_t b) {
+    bucket_state& bs = *buckets_[b];
+    const std::int64_t next = bs.compressed + 1;
+    const slot_state& slot = bs.slots[static_cast<std::size_t>(next % 2)];
+    if (!bs.compress_busy && slot.pushes_step == next && slot.pushes == bs.range.tensor_count &&
+        bs.exchanged >= next - 2) {
+      bs.compress_busy = true;
+      schedule({next, b, false});
+    }
+    const std::int64_t to_apply = bs.applied + 1;
+    if (!bs.apply_busy && bs.exchanged >= to_apply) {
+      bs.apply_busy = true;
+      schedule({to_apply, b, true});
+    }
+  }
+
+  void schedule(ready_task task) {
+    ready_.push(task);
+    ++active_tasks_;
+    (void)ex_.submit([this] { run_one(); });
+  }
+
+  // Runs the most urgent ready task (one per submitted token).
+  void run_one() noexcept {
+    ready_task task{};
+    {
+      std::lock_guard lock(mutex_);
+      task = ready_.top();
+      ready_.pop();
+    }
+    const double cpu0 = detail::thread_cpu_seconds();
+    try {
+      if (!is_failed()) {
+        if (task.apply) {
+          apply_stage(task.bucket, task.step);
+        } else {
+          compress_stage(task.bucket, task.step);
+        }
+      }
+    } catch (...) {
+      fail(std::current_exception());
+    }
+    const double cpu = detail::thread_cpu_seconds() - cpu0;
+    {
+      std::lock_guard lock(mutex_);
+      stats_.stage_cpu_seconds += cpu;
+      bucket_state& bs = *buckets_[task.bucket];
+      if (task.apply) {
+        bs.apply_busy = false;
+      } else {
+        bs.compress_busy = false;
+      }
+      if (!failed_) launch_ready(task.bucket);
+      --active_tasks_;
+    }
+    changed_.notify_all();
+  }
+
+  bool is_failed() const {
+    std::lock_guard lock(mutex_);
+    return failed_;
+  }
+
+  void fail(std::exception_ptr e) noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      if (failed_) return;
+      failed_ = true;
+      failure_ = e;
+    }
+    std::string reason = "stellatrain pipeline failed on rank " + std::to_string(transport_.rank());
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      reason += ": ";
+      reason += x.what();
+    } catch (...) {
+    }
+    detail::abort_transport(transport_, reason);
+    changed_.notify_all();
+  }
+
+  void require_started(const char* what) const {
+    if (!started_) throw_error(errc::invalid_argument, std::string("pipeline::") + what + ": call start() first");
+    std::lock_guard lock(mutex_);
+    if (failed_) std::rethrow_exception(failure_);
+  }
+
+  // Waits for `ready` (evaluated under the lock), counting the wait as gate time; throws the
+  // failure or a timeout.
+  template <class Pred>
+  void timed_wait(const std::string& what, Pred&& ready) {
+    const auto t0 = transport_clock::now();
+    std::unique_lock lock(mutex_);
+    const bool ok = changed_.wait_until(lock, deadline_after(options_.timeout), [&] { return failed_ || ready(); });
+    const double waited = std::chrono::duration<double>(transport_clock::now() - t0).count();
+    gate_wait_in_step_ += waited;
+    stats_.gate_wait_seconds += waited;
+    if (failed_) std::rethrow_exception(failure_);
+    if (!ok) throw_error(errc::timeout, "pipeline: timed out in " + what);
+  }
+
+  exchange_cost_model cost_model(double bytes_per_element) const {
+    const bool ring = options_.algorithm == allgather_algorithm::ring ||
+                      (options_.algorithm == allgather_algorithm::automatic && ranks_ > 4);
+    const double rounds = ring ? static_cast<double>(ranks_ - 1) : 1.0;
+    const double threads = static_cast<double>(std::min<std::size_t>(static_cast<std::size_t>(options_.exchange_threads), buckets_.size()));
+    return {.elements = total_elements_,
+            .ranks = static_cast<std::uint32_t>(ranks_),
+            .bytes_per_element = bytes_per_element,
+            .header_bytes = 64.0 * static_cast<double>(buckets_.size()) + 48.0 * static_cast<double>(tensors_.size()),
+            // Buckets' exchanges overlap across the exchange threads: their latencies do too.
+            .latency_rounds = rounds * std::ceil(static_cast<double>(buckets_.size()) / std::max(threads, 1.0))};
+  }
+
+  // ---------------------------------------------------------------- stages
+
+  void compress_stage(std::size_t b, std::int64_t step) {
+    bucket_state& bs = *buckets_[b];
+    slot_state& slot = bs.slots[static_cast<std::size_t>(step % 2)];
+    double density;
+    {
+      std::lock_guard lock(mutex_);
+      density = density_of(step);
+    }
+    bs.packer.clear(static_cast<std::uint64_t>(step));
+    std::uint64_t elements = 0;
+    for (std::size_t i = 0; i < bs.range.tensor_count; ++i) {
+      const tensor_state& ts = tensors_[bs.range.first_tensor + i];
+      std::uint64_t k = ts.size <= options_.send_all_below
+                            ? ts.size
+                            : static_cast<std::uint64_t>(std::ceil(density * static_cast<double>(ts.size)));
+      k = std::min(ts.size, std::max(k, options_.min_k));
+      const std::span<const float> g(slot.grad.data() + ts.offset_in_bucket, ts.size);
+      compressor_.compress(ex_, ts.id, g, k, bs.selections[i]);
+      elements += bs.selections[i].size();
+      bs.packer.add(ts.id, sparse_view<const value_t, const index_t>(bs.selections[i].view()),
+                    {.indices = options_.wire_indices, .values = value_encoding_of<value_t>});
+    }
+    add_reports(bs);
+    const std::size_t bytes = bs.packer.prepare(ex_);
+    slot.message.resize(bytes);
+    bs.packer.write(slot.message, ex_);
+    std::lock_guard lock(mutex_);
+    bs.compressed = step;
+    step_record& r = record(step);
+    r.message_bytes += bytes;
+    r.elements += elements;
+    stats_.bytes_sent += bytes;
+    stats_.elements_sent += elements;
+    stats_.last_density = density;
+  }
+
+  void start_exchangers() {
+    const int threads = std::min<int>(options_.exchange_threads, static_cast<int>(buckets_.size()));
+    for (int c = 0; c < threads; ++c) {
+      exchangers_.emplace_back([this, c, threads](std::stop_token) { exchange_loop(c, threads); });
+    }
+  }
+
+  // Stops and joins the exchange threads (mutex_ not held).
+  void stop_exchangers() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    exchangers_.clear();
+    std::lock_guard lock(mutex_);
+    stopping_ = false;
+  }
+
+  void exchange_loop(int thread, int threads) noexcept {
+    // The buckets of this thread, back to front (the order backward completes them).
+    std::vector<std::size_t> mine;
+    for (std::size_t b = buckets_.size(); b-- > 0;) {
+      if (static_cast<int>(b % static_cast<std::size_t>(threads)) == thread) mine.push_back(b);
+    }
+    std::int64_t step;
+    {
+      std::lock_guard lock(mutex_);
+      step = first_unexchanged_step_;
+    }
+    for (;; ++step) {
+      for (std::size_t b : mine) {
+        bucket_state& bs = *buckets_[b];
+        {
+          std::unique_lock lock(mutex_);
+          changed_.wait(lock, [&] {
+            return stopping_ || failed_ || (bs.compressed >= step && bs.applied >= step - 2);
+          });
+          if (stopping_ || failed_) return;
+        }
+        try {
+          exchange(b, step);
+        } catch (...) {
+          fail(std::current_exception());
+          return;
+        }
+      }
+    }
+  }
+
+  void exchange(std::size_t b, std::int64_t step) {
+    bucket_state& bs = *buckets_[b];
+    slot_state& slot = bs.slots[static_cast<std::size_t>(step % 2)];
+    const auto t0 = transport_clock::now();
+    const auto tag = static_cast<tag_type>(options_.tag_base +
+                                           static_cast<tag_type>((static_cast<std::uint64_t>(step) * buckets_.size() + b) % 16384));
+    sparse_allgather(transport_, std::span<const std::byte>(slot.message), std::span<message_buffer>(slot.received),
+                     {.tag = tag, .timeout = options_.timeout, .algorithm = options_.algorithm});
+    const auto t1 = transport_clock::now();
+    {
+      std::lock_guard lock(mutex_);
+      bs.exchanged = step;
+      step_record& r = record(step);
+      if (r.exchanged_buckets == 0 || t0 < r.exchange_begin) r.exchange_begin = t0;
+      if (t1 > r.exchange_end) r.exchange_end = t1;
+      const std::uint64_t link = static_cast<std::uint64_t>(ranks_ - 1) * slot.message.size();
+      r.link_bytes += link;
+      stats_.link_bytes += link;
+      stats_.exchange_seconds += std::chrono::duration<double>(t1 - t0).count();
+      if (++r.exchanged_buckets == buckets_.size()) {
+        // This rank's view of the step, for every rank's policy (see `add_reports`).
+        std::rotate(my_reports_.begin(), my_reports_.begin() + 1, my_reports_.end());
+        my_reports_.back() = {.step = step,
+                              .comm = std::chrono::duration<double>(r.exchange_end - r.exchange_begin).count(),
+                              .compute = r.compute_seconds,
+                              .link_bytes = static_cast<double>(r.link_bytes),
+                              .bytes_per_element = r.elements > 0 ? static_cast<double>(r.message_bytes) / static_cast<double>(r.elements) : 0.0};
+      }
+      launch_ready(b);
+    }
+    changed_.notify_all();
+  }
+
+  void apply_stage(std::size_t b, std::int64_t step) {
+    bucket_state& bs = *buckets_[b];
+    slot_state& slot = bs.slots[static_cast<std::size_t>(step % 2)];
+    const std::size_t nt = bs.range.tensor_count;
+    // Unpack every rank's message, by rank (never by arrival).
+    for (int r = 0; r < ranks_; ++r) {
+      auto& per_rank = bs.decoded[static_cast<std::size_t>(r)];
+      for (auto& d : per_rank) d.resize(0);
+      const message_buffer& m = slot.received[static_cast<std::size_t>(r)];
+      const message_info& info = bs.unpacker.parse(std::span<const std::byte>(m.data(), m.size()), ex_);
+      if (info.tag != static_cast<std::uint64_t>(step)) {
+        throw_error(errc::malformed_message, "pipeline: rank " + std::to_string(r) + " sent step " +
+                                                 std::to_string(info.tag) + " for bucket " + std::to_string(b) +
+                                                 " at step " + std::to_string(step));
+      }
+      for (std::size_t s = 0; s < info.sections.size(); ++s) {
+        const section_info& sec = info.sections[s];
+        if (sec.tensor == control_tensor) {
+          bs.unpacker.decode(s, bs.control_in, ex_);
+          take_reports(r, step, bs.control_in);
+          continue;
+        }
+        const std::size_t i = tensor_in_bucket(bs, sec.tensor);
+        if (i == npos) {
+          throw_error(errc::malformed_message, "pipeline: rank " + std::to_string(r) + " sent tensor " +
+                                                   std::to_string(sec.tensor) + " in bucket " + std::to_string(b) +
+                                                   ", which does not hold it");
+        }
+        auto& out = per_rank[i];
+        out.reserve(sec.count, {.prefault = true});
+        out.set_dense_size(sec.dense_size);
+        bs.unpacker.decode(s, out, ex_);
+      }
+    }
+    std::vector<sparse_view<const float, const index_t>>& inputs = inputs_scratch(b);
+    for (std::size_t i = 0; i < nt; ++i) {
+      const tensor_state& ts = tensors_[bs.range.first_tensor + i];
+      inputs.clear();
+      std::uint64_t total = 0;
+      for (int r = 0; r < ranks_; ++r) {
+        auto& d = bs.decoded[static_cast<std::size_t>(r)][i];
+        d.set_dense_size(ts.size);
+        inputs.push_back(std::as_const(d).view());
+        total += d.size();
+      }
+      bs.merged.set_dense_size(ts.size);
+      if (bs.merged.capacity() < total) bs.merged.reserve(total, {.prefault = true});
+      const std::span<float> dense(bs.dense_grad.data(), ts.size);
+      const aggregate_kind kind = bs.merger.aggregate(std::span<const sparse_view<const float, const index_t>>(inputs),
+                                                      bs.merged, dense,
+                                                      {.op = options_.op, .dense_threshold = options_.dense_threshold}, ex_);
+      std::lock_guard lock(bs.params_mutex);
+      if (kind == aggregate_kind::dense) {
+        optimizer_.step(ts.optimizer_index, std::span<const float>(dense), ex_);
+      } else {
+        optimizer_.step(ts.optimizer_index, std::as_const(bs.merged).view(), ex_);
+      }
+    }
+    std::lock_guard lock(mutex_);
+    bs.applied = step;
+    step_record& rec = record(step);
+    if (++rec.applied_buckets == buckets_.size()) applied_step_ = std::max(applied_step_, step);
+  }
+
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+  // ---------------------------------------------------------------- measurement reports
+  //
+  // How long an exchange takes on one rank includes waiting for ranks that are still
+  // computing: with staleness 1 ranks drift up to a step apart, and that skew is not the
+  // link's. The rank that starts a step's exchanges last waits for nobody, so the smallest
+  // exchange time among the ranks is the link's. Every rank therefore packs its own view of
+  // its last completed steps (exchange wall time, compute time, link bytes) into a small
+  // control section of each message, and every rank feeds its policy, in step order, the
+  // same aggregate once all ranks' reports of a step are in: exchange time and link bytes of
+  // the rank with the smallest exchange time, compute time of the slowest rank. All ranks'
+  // policies thus see the same measurements.
+
+  static constexpr std::uint32_t control_tensor = 0xFFFFFFFFu;
+  static constexpr std::size_t report_count = 3;   // latest steps per message
+  static constexpr std::size_t report_fields = 5;  // step mod 4096, comm, compute, link KiB, bytes/element
+  static constexpr std::uint64_t control_values = report_count * report_fields;
+
+  struct step_report {
+    std::int64_t step = -1;
+    double comm = 0;
+    double compute = 0;
+    double link_bytes = 0;
+    double bytes_per_element = 0;
+  };
+
+  void add_reports(bucket_state& bs) {
+    std::array<step_report, report_count> mine;
+    {
+      std::lock_guard lock(mutex_);
+      mine = my_reports_;
+    }
+    std::uint64_t n = 0;
+    for (const auto& rep : mine) {
+      if (rep.step < 0) continue;
+      const float fields[report_fields] = {static_cast<float>(rep.step % 4096), static_cast<float>(rep.comm),
+                                           static_cast<float>(rep.compute), static_cast<float>(rep.link_bytes / 1024.0),
+                                           static_cast<float>(rep.bytes_per_element)};
+      bs.control_out.resize(n + report_fields);
+      for (std::size_t f = 0; f < report_fields; ++f, ++n) {
+        bs.control_out.indices()[n] = static_cast<index_t>(n);
+        bs.control_out.values()[n] = fields[f];
+      }
+    }
+    if (n == 0) return;
+    bs.control_out.set_dense_size(control_values);
+    bs.packer.add(control_tensor, sparse_view<const float, const index_t>(std::as_const(bs.control_out).view()),
+                  {.indices = index_encoding::raw_u16, .values = value_encoding::fp32});
+  }
+
+  // Stores rank r's reports from its message of step `step`, then observes every step whose
+  // reports are complete.
+  void take_reports(int r, std::int64_t step, const sparse_buffer<float, index_t>& in) {
+    const auto idx = in.indices();
+    const auto val = in.values();
+    std::lock_guard lock(mutex_);
+    auto& table = peer_reports_[static_cast<std::size_t>(r)];
+    for (std::size_t j = 0; j + report_fields <= idx.size(); j += report_fields) {
+      const auto mod = static_cast<std::int64_t>(val[j]);
+      // The report is of one of the few steps before `step`: undo the modulo.
+      const std::int64_t reported = step - ((step - mod) % 4096 + 4096) % 4096;
+      if (reported < 0 || mod < 0 || mod >= 4096) continue;
+      step_report& slot = table[static_cast<std::size_t>(reported % records_size)];
+      slot = {.step = reported, .comm = val[j + 1], .compute = val[j + 2],
+              .link_bytes = static_cast<double>(val[j + 3]) * 1024.0, .bytes_per_element = val[j + 4]};
+    }
+    for (;;) {
+      const std::int64_t n = next_observation_;
+      bool complete = true;
+      bool lost = false;
+      step_report agg;
+      double best_comm = 0;
+      for (const auto& t : peer_reports_) {
+        const step_report& rep = t[static_cast<std::size_t>(n % records_size)];
+        if (rep.step > n) lost = true;
+        if (rep.step != n) {
+          complete = false;
+          continue;
+        }
+        if (agg.step < 0 || rep.comm < best_comm) {
+          best_comm = rep.comm;
+          agg.link_bytes = rep.link_bytes;
+          agg.bytes_per_element = rep.bytes_per_element;
+        }
+        agg.step = n;
+        agg.compute = std::max(agg.compute, rep.compute);
+      }
+      if (lost) {  // a rank's report of n was overwritten before the others': skip the step
+        ++next_observation_;
+        continue;
+      }
+      if (!complete) break;
+      if constexpr (requires { policy_.set_model(exchange_cost_model{}); }) {
+        if (agg.bytes_per_element > 0) policy_.set_model(cost_model(agg.bytes_per_element));
+      }
+      last_measurement_ = step_measurement{.compute_seconds = agg.compute,
+                                           .comm_seconds = best_comm,
+                                           .link_bytes = static_cast<std::uint64_t>(agg.link_bytes)};
+      policy_.observe(last_measurement_);
+      ++observations_;
+      ++next_observation_;
+    }
+  }
+
+  std::size_t tensor_in_bucket(const bucket_state& bs, std::uint32_t id) const noexcept {
+    for (std::size_t i = 0; i < bs.range.tensor_count; ++i) {
+      if (tensors_[bs.range.first_tensor + i].id == id) return i;
+    }
+    return npos;
+  }
+
+  std::vector<sparse_view<const float, const index_t>>& inputs_scratch(std::size_t b) {
+    // One per bucket: applies of different buckets run concurrently.
+    return input_views_[b];
+  }
+
+  void broadcast_initial() {
+    // Every rank checks that the others registered the same tensors, then takes rank 0's values.
+    std::vector<std::uint64_t> shape;
+    shape.push_back(tensors_.size());
+    for (const auto& t : tensors_) {
+      shape.push_back(t.id);
+      shape.push_back(t.size);
+    }
+    std::vector<std::uint64_t> root_shape = shape;
+    const tag_type tag = options_.tag_base + 16384;
+    collective_workspace<Transport> ws;
+    broadcast(transport_, 0, std::as_writable_bytes(std::span<std::uint64_t>(root_shape)),
+              {.tag = tag, .timeout = options_.timeout}, ws);
+    if (root_shape != shape) {
+      throw_error(errc::invalid_argument, "pipeline::start: rank " + std::to_string(transport_.rank()) +
+                                              " registered other tensors than rank 0");
+    }
+    broadcast(transport_, 0, std::as_writable_bytes(std::span<float>(initial_)),
+              {.tag = tag, .timeout = options_.timeout}, ws);
+  }
+
+  static constexpr std::size_t records_size = 8;
+
+  Transport& transport_;
+  Executor& ex_;
+  Compressor compressor_;
+  Optimizer optimizer_;
+  Policy policy_;
+  pipeline_options options_;
+  int ranks_ = 1;
+  bool started_ = false;
+  std::uint64_t total_elements_ = 0;
+  std::vector<tensor_state> tensors_;
+  std::vector<float> initial_;
+  std::vector<std::unique_ptr<bucket_state>> buckets_;
+  std::vector<std::vector<sparse_view<const float, const index_t>>> input_views_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::priority_queue<ready_task> ready_;
+  std::array<step_record, records_size> records_{};
+  std::int64_t pushed_steps_ = 0;
+  std::int64_t applied_step_ = -1;
+  std::int64_t first_unexchanged_step_ = 0;
+  transport_clock::time_point last_step_time_{};
+  double gate_wait_in_step_ = 0;
+  std::size_t active_tasks_ = 0;
+  bool stopping_ = false;
+  bool failed_ = false;
+  std::exception_ptr failure_;
+  pipeline_stats stats_;
+  std::array<step_report, report_count> my_reports_{};
+  std::vector<std::array<step_report, records_size>> peer_reports_;  // [rank][step % records_size]
+  std::int64_t next_observation_ = 0;
+  std::uint64_t observations_ = 0;
+  step_measurement last_measurement_{};
+  std::vector<std::jthread> exchangers_;  // last: joined first
+};
+
+}  // namespace stellatrain

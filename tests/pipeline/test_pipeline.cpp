@@ -1,0 +1,273 @@
+// SPDX-License-Identifier: Apache-2.0
+// The pipeline over 4 in-process ranks: bit-identical parameters on every rank with messages
+// delivered in shuffled order, identity compression equal to plain data-parallel training,
+// checkpoint and restore, and failures that reach every rank.
+#include <stellatrain/compress/error_feedback.hpp>
+#include <stellatrain/core/thread_pool.hpp>
+#include <stellatrain/optim/adam.hpp>
+#include <stellatrain/optim/sgd.hpp>
+#include <stellatrain/pipeline/pipeline.hpp>
+#include <stellatrain/transport/in_process.hpp>
+
+#include "catch.hpp"
+#include "shuffling_transport.hpp"
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <vector>
+
+using namespace stellatrain;
+
+namespace {
+
+// A toy model: tensors of these sizes, initial values from the rank's own seed (the pipeline
+// must replace them by rank 0's).
+const std::vector<std::uint64_t> sizes{3000, 17, 5000, 1, 12000, 64};
+
+std::vector<float> initial_values(std::uint64_t n, int rank, std::size_t t) {
+  std::mt19937 rng(static_cast<std::uint32_t>(1000 * rank + t));
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// The gradient of rank r at step s for tensor t: depends on the parameters (so that gates
+// matter) and on the rank's own data.
+void gradient(std::span<const float> params, int rank, std::int64_t step, std::size_t t, std::span<float> g) {
+  std::mt19937 rng(static_cast<std::uint32_t>(7919 * rank + 104729 * step + 31 * t));
+  std::normal_distribution<float> d(0.0f, 0.1f);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.5f * params[i] + d(rng) + 0.01f * static_cast<float>(rank);
+}
+
+template <class Pipeline>
+void train(Pipeline& p, int rank, std::int64_t steps, std::vector<std::vector<float>>& params) {
+  std::vector<float> g;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    const std::int64_t step = p.steps_pushed();
+    for (std::size_t b = 0; b < p.bucket_count(); ++b) {
+      p.wait_for_forward(b);
+      const auto range = p.bucket(b);
+      for (std::size_t t = range.first_tensor; t < range.first_tensor + range.tensor_count; ++t) p.copy_params(t, params[t]);
+    }
+    for (std::size_t t = p.tensor_count(); t-- > 0;) {  // backward: last tensor first
+      g.resize(params[t].size());
+      gradient(params[t], rank, step, t, g);
+      p.push_gradient(t, g);
+    }
+  }
+  p.flush();
+  for (std::size_t t = 0; t < p.tensor_count(); ++t) p.copy_params(t, params[t]);
+}
+
+std::vector<std::vector<float>> shaped_like_sizes() {
+  std::vector<std::vector<float>> v;
+  for (auto n : sizes) v.emplace_back(n);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("4 ranks hold bit-identical parameters after 50 steps with shuffled delivery", "[pipeline]") {
+  const int ranks = 4;
+  std::vector<std::vector<std::vector<float>>> result(ranks);
+  const int staleness = GENERATE(0, 1);
+  run_in_process(ranks, [&](in_process_transport& raw) {
+    const int r = raw.rank();
+    test::shuffling_transport<in_process_transport> t(std::move(raw), 99 + static_cast<std::uint64_t>(r),
+                                                       std::chrono::microseconds(800));
+    thread_pool pool{2};
+    pipeline p(t, pool, error_feedback_compressor<bf16>({.method = selection_method::threshold}),
+               adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 20000, .staleness = staleness, .exchange_threads = 2},
+               fixed_density{0.05});
+    for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(10 + i), initial_values(sizes[i], r, i));
+    p.start();
+    CHECK(p.bucket_count() > 1);
+    auto params = shaped_like_sizes();
+    train(p, r, 50, params);
+    CHECK(p.stats().steps_applied == 50);
+    result[static_cast<std::size_t>(r)] = std::move(params);
+  });
+  for (int r = 1; r < ranks; ++r) {
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      REQUIRE(std::memcmp(result[0][t].data(), result[static_cast<std::size_t>(r)][t].data(), sizes[t] * sizeof(float)) == 0);
+    }
+  }
+  // Training moved the parameters away from rank 0's initial values.
+  CHECK(result[0][0] != initial_values(sizes[0], 0, 0));
+}
+
+TEST_CASE("identity compression equals plain data-parallel SGD on the averaged gradient", "[pipeline]") {
+  const int ranks = 4;
+  const std::int64_t steps = 12;
+  const sgd_options sgd{.lr = 0.05f, .momentum = 0.9f, .nesterov = true};
+  std::vector<std::vector<std::vector<float>>> result(ranks);
+  run_in_process(ranks, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{1};
+    pipeline p(t, pool, error_feedback_compressor<float>({.method = selection_method::exact_topk}), sgd_optimizer(sgd),
+               {.bucket_bytes = 30000, .staleness = 0}, fixed_density{1.0});
+    for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    p.start();
+    auto params = shaped_like_sizes();
+    train(p, r, steps, params);
+    result[static_cast<std::size_t>(r)] = std::move(params);
+  });
+  // The reference: one process, the mean of the four ranks' gradients, the same optimizer.
+  sgd_optimizer reference(sgd);
+  for (std::size_t i = 0; i < sizes.size(); ++i) reference.add_tensor(initial_values(sizes[i], 0, i));
+  for (std::int64_t s = 0; s < steps; ++s) {
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const auto params = reference.params(i);
+      std::vector<float> mean(sizes[i], 0.0f), g(sizes[i]);
+      for (int r = 0; r < ranks; ++r) {
+        gradient(params, r, s, i, g);
+        for (std::size_t j = 0; j < g.size(); ++j) mean[j] += g[j];
+      }
+      for (auto& x : mean) x *= 0.25f;
+      reference.step(i, std::span<const float>(mean));
+    }
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const auto want = reference.params(i);
+    for (std::size_t j = 0; j < sizes[i]; ++j) {
+      // The pipeline sums the four gradients in another association order than the loop
+      // above: a few ulps per step, compounded over 12 steps of momentum.
+      REQUIRE(result[0][i][j] == Approx(want[j]).epsilon(1e-4).margin(1e-6));
+    }
+  }
+}
+
+// The density must not depend on wall-clock measurements here: an adaptive policy decides
+// from timings, which differ between any two runs (restored or not).
+TEST_CASE("a restored checkpoint continues bit-identically", "[pipeline]") {
+  const int ranks = 4;
+  auto make = [](in_process_transport& t, thread_pool& pool) {
+    return pipeline(t, pool, error_feedback_compressor<bf16>({.method = selection_method::threshold, .momentum = 0.5f}),
+                    adam_optimizer({.lr = 1e-2f, .weight_decay = 0.01f}),
+                    {.bucket_bytes = 16000, .staleness = 0, .micro_batches = 2}, fixed_density{0.03});
+  };
+  auto train_micro = [](auto& p, int rank, std::int64_t steps) {
+    std::vector<std::vector<float>> params = shaped_like_sizes();
+    std::vector<float> g;
+    for (std::int64_t s = 0; s < steps; ++s) {
+      const std::int64_t step = p.steps_pushed();
+      for (std::size_t b = 0; b < p.bucket_count(); ++b) p.wait_for_forward(b);
+      for (std::size_t t = 0; t < p.tensor_count(); ++t) p.copy_params(t, params[t]);
+      for (int micro = 0; micro < 2; ++micro) {
+        for (std::size_t t = p.tensor_count(); t-- > 0;) {
+          g.resize(params[t].size());
+          gradient(params[t], rank + 10 * micro, step, t, g);
+          p.push_gradient(t, g);
+        }
+      }
+    }
+    p.flush();
+    for (std::size_t t = 0; t < p.tensor_count(); ++t) p.copy_params(t, params[t]);
+    return params;
+  };
+  std::vector<std::vector<std::byte>> saved(ranks);
+  std::vector<std::vector<std::vector<float>>> straight(ranks), restored(ranks);
+  run_in_process(ranks, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{1};
+    auto p = make(t, pool);
+    for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    p.start();
+    train_micro(p, r, 8);
+    saved[static_cast<std::size_t>(r)] = p.save_checkpoint();
+    straight[static_cast<std::size_t>(r)] = train_micro(p, r, 6);
+  });
+  run_in_process(ranks, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{1};
+    auto p = make(t, pool);
+    for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], 3 - r, i));
+    p.start();
+    // A corrupted blob is refused and changes nothing.
+    auto bad = saved[static_cast<std::size_t>(r)];
+    bad[bad.size() / 2] ^= std::byte{1};
+    CHECK_THROWS_AS(p.load_checkpoint(bad), error);
+    p.load_checkpoint(saved[static_cast<std::size_t>(r)]);
+    CHECK(p.steps_pushed() == 8);
+    restored[static_cast<std::size_t>(r)] = train_micro(p, r, 6);
+  });
+  for (int r = 0; r < ranks; ++r) {
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      REQUIRE(std::memcmp(straight[static_cast<std::size_t>(r)][t].data(), restored[static_cast<std::size_t>(r)][t].data(),
+                          sizes[t] * sizeof(float)) == 0);
+    }
+  }
+}
+
+namespace {
+// Throws from its compress call on one rank at one step.
+struct failing_compressor : error_feedback_compressor<float> {
+  int rank = 0;
+  int fail_rank = -1;
+  int calls = 0;
+  int fail_at = 0;
+  template <executor E>
+  selection_stats compress(E& ex, std::uint32_t id, std::span<const float> g, std::uint64_t k, sparse_buffer<float>& out) {
+    if (rank == fail_rank && ++calls == fail_at) throw std::runtime_error("injected selection failure");
+    return error_feedback_compressor<float>::compress(ex, id, g, k, out);
+  }
+};
+static_assert(compressor<failing_compressor>);
+}  // namespace
+
+TEST_CASE("a failure in one rank's stage reaches every rank as an error, without a hang", "[pipeline]") {
+  const int ranks = 4;
+  std::vector<std::string> errors(ranks);
+  std::vector<int> steps_done(ranks, 0);
+  run_in_process(ranks, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{1};
+    failing_compressor c;
+    c.rank = r;
+    c.fail_rank = 2;
+    c.fail_at = 9;
+    pipeline p(t, pool, std::move(c), sgd_optimizer({.lr = 0.1f}),
+               {.bucket_bytes = 16000, .staleness = 1, .timeout = std::chrono::milliseconds(20000)}, fixed_density{0.1});
+    for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    p.start();
+    auto params = shaped_like_sizes();
+    try {
+      train(p, r, 30, params);
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+    steps_done[static_cast<std::size_t>(r)] = static_cast<int>(p.stats().steps_applied);
+  });
+  for (int r = 0; r < ranks; ++r) {
+    INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)]);
+    CHECK_FALSE(errors[static_cast<std::size_t>(r)].empty());
+    CHECK(steps_done[static_cast<std::size_t>(r)] < 30);
+  }
+  CHECK(errors[2].find("injected selection failure") != std::string::npos);
+}
+
+TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {
+  run_in_process(1, [&](in_process_transport& t) {
+    thread_pool pool{1};
+    CHECK_THROWS_AS(pipeline(t, pool, error_feedback_compressor<float>(), sgd_optimizer(), {.staleness = 2}, fixed_density{}), error);
+    pipeline p(t, pool, error_feedback_compressor<float>(), sgd_optimizer(), {}, fixed_density{0.5});
+    std::vector<float> init(10, 1.0f);
+    CHECK_THROWS_AS(p.push_gradient(0, init), error);  // not started
+    p.add_tensor(7, init);
+    CHECK_THROWS_AS(p.add_tensor(7, init), error);  // duplicate id
+    p.start();
+    CHECK_THROWS_AS(p.add_tensor(8, init), error);  // after start
+    std::vector<float> wrong(9);
+    CHECK_THROWS_AS(p.push_gradient(0, wrong), error);
+    p.push_gradient(0, init);
+    p.flush();
+    std::vector<float> out(10);
+    p.copy_params(0, out);
+    CHECK(out[0] != 1.0f);  // one SGD step on a single rank
+  });
+}
