@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+// The pipeline on the shaped in-process transport: 4 ranks, a 10M-parameter model in 20
+// buckets, the compute of a step emulated by a fixed time in which the CPU is free (the GPU
+// computes), links of 100 Mbit/s and 1 Gbit/s, density 1%.
+//
+//   BM_pipeline_step/Mbps/permille   one run of 40 steps; counters (rank 0, steady state =
+//                                    steps 10..39):
+//     step_s        mean wall time per step
+//     bound_s       max(compute, wire bytes per step on the link / link rate)
+//     step_over_bound  step_s / bound_s  (target <= 1.15)
+//     stage_cores   CPU time of the pipeline's stages per step / step_s (target <= 0.5)
+//     link_MB       bytes per step on the rank's link (P - 1 copies of its message)
+//     gate_s        time per step the training loop waited for parameters
+//     exchange_s    sum over the step's buckets of their exchange times (they overlap)
+#include <stellatrain/compress/error_feedback.hpp>
+#include <stellatrain/core/thread_pool.hpp>
+#include <stellatrain/optim/adam.hpp>
+#include <stellatrain/pipeline/pipeline.hpp>
+#include <stellatrain/transport/in_process.hpp>
+#include <stellatrain/transport/shaping.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace st = stellatrain;
+
+namespace {
+
+constexpr int ranks = 4;
+constexpr std::size_t tensors = 20;
+constexpr std::size_t tensor_elements = 500'000;  // 10M parameters
+constexpr auto compute = std::chrono::milliseconds(100);
+constexpr int steps = 40;
+constexpr int warmup = 10;
+
+void BM_pipeline_step(benchmark::State& state) {
+  const double rate = static_cast<double>(state.range(0)) * 1e6;
+  const double density = static_cast<double>(state.range(1)) / 1000.0;
+  for (auto _ : state) {
+    double step_seconds = 0, stage_cpu = 0, link_bytes = 0, gate = 0, exchange = 0;
+    st::run_in_process(ranks, [&](st::in_process_transport& raw) {
+      const int r = raw.rank();
+      st::shaped_transport<st::in_process_transport> t(std::move(raw), {.bits_per_second = rate,
+                                                                        .latency = std::chrono::milliseconds(10)});
+      st::thread_pool pool{1};
+      st::pipeline p(t, pool, st::error_feedback_compressor<st::bf16>({.method = st::selection_method::threshold}),
+                     st::adam_optimizer({.lr = 1e-3f}),
+                     {.bucket_bytes = tensor_elements * sizeof(float), .staleness = 1, .exchange_threads = 4},
+                     st::fixed_density{density});
+      std::vector<float> init(tensor_elements, 0.0f);
+      for (std::size_t i = 0; i < tensors; ++i) p.add_tensor(static_cast<std::uint32_t>(i), init);
+      p.start();
+      std::vector<float> g(tensor_elements);
+      std::mt19937 rng(static_cast<std::uint32_t>(r));
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      for (auto& x : g) x = dist(rng);
+      std::vector<float> params(tensor_elements);
+      st::transport_clock::time_point t0{};
+      st::pipeline_stats s0{};
+      for (int s = 0; s < steps; ++s) {
+        if (s == warmup) {
+          t0 = st::transport_clock::now();
+          s0 = p.stats();
+        }
+        for (std::size_t b = 0; b < p.bucket_count(); ++b) {
+          p.wait_for_forward(b);
+          p.copy_params(b, params);  // one tensor per bucket here
+        }
+        std::this_thread::sleep_for(compute);  // forward + backward on the GPU
+        for (std::size_t i = tensors; i-- > 0;) p.push_gradient(i, g);
+      }
+      const auto t1 = st::transport_clock::now();
+      const auto s1 = p.stats();
+      p.flush();
+      if (r == 0) {
+        const int measured = steps - warmup;
+        step_seconds = std::chrono::duration<double>(t1 - t0).count() / measured;
+        stage_cpu = (s1.stage_cpu_seconds - s0.stage_cpu_seconds) / measured;
+        link_bytes = static_cast<double>(s1.link_bytes - s0.link_bytes) / measured;
+        gate = (s1.gate_wait_seconds - s0.gate_wait_seconds) / measured;
+        exchange = (s1.exchange_seconds - s0.exchange_seconds) / measured;
+      }
+    });
+    const double bound = std::max(std::chrono::duration<double>(compute).count(), link_bytes / (rate / 8.0));
+    state.SetIterationTime(step_seconds);
+    state.counters["step_s"] = step_seconds;
+    state.counters["bound_s"] = bound;
+    state.counters["step_over_bound"] = step_seconds / bound;
+    state.counters["stage_cores"] = stage_cpu / step_seconds;
+    state.counters["link_MB"] = link_bytes / 1e6;
+    state.counters["gate_s"] = gate;
+    state.counters["exchange_s"] = exchange;
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(tensors * tensor_elements));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(tensors * tensor_elements * 4));
+}
+
+}  // namespace
+
+BENCHMARK(BM_pipeline_step)
+    ->ArgNames({"Mbps", "permille"})
+    ->Args({100, 10})
+    ->Args({1000, 10})
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
