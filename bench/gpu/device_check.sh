@@ -15,7 +15,7 @@
 # Exit status: 1 when a test failed or a step could not run; the targets are reported, not
 # enforced.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 start=$(date +%s)
 build=${1:-build/device-check}
 arch=${CUDA_ARCH:-90}

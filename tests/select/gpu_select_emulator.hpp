@@ -147,7 +147,7 @@ inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> ke
       ++out.full_reads;
     } else {
       const auto& src = buffers[io.read == radix_from_buffer0 ? 0 : 1];
-      for (std::uint64_t j = 0; j < before.source_count; ++j) visit(src[j]);
+      for (std::uint64_t j = 0; j < before.source_count; ++j) visit(src.at(j));  // .at: a claim past the capacity throws
       ++out.buffer_reads;
     }
     if (dst != nullptr) {
@@ -157,7 +157,7 @@ inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> ke
     radix_step_result r{0, {0, 0, 0, false}, 0};
     if (!all_in) r = parallel_choose(hist, plan, before.level + 1, before.k_remaining, o.block_threads);
     r.appended = appended;
-    radix_finish_classify(s, plan, io, r);
+    radix_finish_classify(s, plan, io, dst_cap, r);
   }
 
   // Compaction: tile counts, exclusive scan over tiles, then per-thread words in order.

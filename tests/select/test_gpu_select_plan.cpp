@@ -248,6 +248,14 @@ TEST_CASE("emulated GPU select equals the oracle: fp32", "[select][gpu_plan]") {
     check_against_oracle(x, 4321, {.cap0 = 20'000, .cap1 = 3});
     check_against_oracle(x, 4321, {.cap0 = 3, .cap1 = 20'000});
   }
+  SECTION("a tied bucket of exactly the buffer capacity, and one more") {
+    // 2.0 x 777 at scattered indices, 1.0 elsewhere: the first bucket holds 777 elements.
+    std::vector<float> x(50'000, 1.0f);
+    for (std::size_t i = 0; i < 777; ++i) x[(i * 7919) % x.size()] = 2.0f;
+    for (std::uint64_t cap : {775, 776, 777, 778}) {
+      for (std::uint64_t k : {100, 776, 777, 778, 5000}) check_against_oracle(x, k, {.cap0 = cap, .cap1 = cap});
+    }
+  }
 }
 
 TEST_CASE("emulated GPU select equals the oracle: fp16 and bf16", "[select][gpu_plan]") {

@@ -132,6 +132,18 @@ TEST_CASE("select_topk with the smallest candidate buffers still selects exactly
   for (std::uint64_t k : {500, 1000, 1001, 777'777}) check_select(x, k, small);
 }
 
+TEST_CASE("the cub::DeviceTopK backend selects the same elements", "[select][cuda]") {
+  if constexpr (detail::cub_device_topk_available) {
+    const topk_cuda_options cub_backend{.backend = topk_backend::cub_device_topk};
+    const auto x = with_specials(random_normal<float>(300'001, 16));
+    for (std::uint64_t k : {1, 300, 3000, 30'000}) check_select(x, k, cub_backend);
+    const auto b = random_normal<bf16>(1'000'000, 17);  // many ties: composite keys decide
+    for (std::uint64_t k : {1000, 10'000}) check_select(b, k, cub_backend);
+  } else {
+    WARN("skipped: this CCCL (CUB " << CUB_VERSION << ") has no cub::DeviceTopK");
+  }
+}
+
 TEST_CASE("select_topk is deterministic and can be captured in a CUDA graph", "[select][cuda]") {
   const auto x = random_normal<bf16>(1'000'000, 12);
   const std::uint64_t k = 10'000;

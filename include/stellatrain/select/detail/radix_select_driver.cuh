@@ -145,20 +145,16 @@ topk_call prepare_topk_call(const char* fn, cuda_stream ctx, const void* input, 
   return c;
 }
 
-/// A grid for a full pass over `n` elements: enough blocks to fill the device, no more than the
-/// work needs, and few enough elements per block for 32-bit shared histogram counts.
-template <class Kernel>
-int full_pass_grid(Kernel kernel, std::uint64_t n) {
+/// A grid for the passes over `n` elements: enough blocks to fill the device (the kernels'
+/// launch bounds give radix_min_blocks resident blocks per SM), no more than the work needs,
+/// and few enough elements per block for 32-bit shared histogram counts.
+inline int full_pass_grid(std::uint64_t n) {
   int device = 0;
   int sms = 0;
-  int per_sm = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, radix_threads, 0),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  const std::uint64_t resident = static_cast<std::uint64_t>(sms > 0 ? sms : 1) * static_cast<std::uint64_t>(per_sm > 0 ? per_sm : 1);
-  const std::uint64_t per_block = static_cast<std::uint64_t>(radix_warps) * radix_warp_chunk;
-  const std::uint64_t work = (n + per_block - 1) / per_block;
+  const std::uint64_t resident = static_cast<std::uint64_t>(sms > 0 ? sms : 1) * radix_min_blocks;
+  const std::uint64_t work = (n + radix_block_chunk - 1) / radix_block_chunk;
   const std::uint64_t min_blocks = (n >> 31) + 1;  // < 2^31 elements per block
   std::uint64_t grid = work < resident ? work : resident;
   if (grid < min_blocks) grid = min_blocks;
@@ -229,19 +225,15 @@ void run_radix_passes(const topk_call& c, ScanSource scan_source, const K* keys_
   a.threshold = c.threshold;
 
   check_cuda(cudaMemsetAsync(c.ws + c.w.state, 0, c.w.control_bytes, c.stream), "cudaMemsetAsync (selection state)");
-  auto scan = radix_scan_kernel<ScanSource>;
-  scan<<<full_pass_grid(scan, c.n), radix_threads, 0, c.stream>>>(a, scan_source, radix_step_scan);
+  const int grid = full_pass_grid(c.n);
+  radix_scan_kernel<<<grid, radix_threads, 0, c.stream>>>(a, scan_source, radix_step_scan);
   check_launch("radix scan kernel launch");
   if (c.threshold != nullptr) {
-    auto histogram = radix_scan_kernel<plain_source<K>>;
-    histogram<<<full_pass_grid(histogram, c.n), radix_threads, 0, c.stream>>>(a, plain_source<K>{keys_after_scan},
-                                                                               radix_step_histogram);
+    radix_scan_kernel<<<grid, radix_threads, 0, c.stream>>>(a, plain_source<K>{keys_after_scan}, radix_step_histogram);
     check_launch("radix histogram kernel launch");
   }
-  auto classify = radix_classify_kernel<K>;
-  const int grid = full_pass_grid(classify, c.n);
   for (std::uint32_t level = 0; level < c.plan.levels(); ++level) {
-    classify<<<grid, radix_threads, 0, c.stream>>>(a, keys_after_scan, radix_first_classify_step + level);
+    radix_classify_kernel<<<grid, radix_threads, 0, c.stream>>>(a, keys_after_scan, radix_first_classify_step + level);
     check_launch("radix classify kernel launch");
   }
 }

@@ -22,6 +22,9 @@ namespace stellatrain::detail {
 inline constexpr int radix_threads = 512;
 inline constexpr int radix_warps = radix_threads / 32;
 inline constexpr int radix_unroll = 8;
+// Two blocks per SM (at most 64 registers per thread): 1024 threads x 8 loads in flight per SM
+// cover the latency-bandwidth product of HBM3 (about 22 KB per SM on an H100/H200).
+inline constexpr int radix_min_blocks = 2;
 inline constexpr std::uint64_t radix_warp_chunk = 32u * radix_unroll;
 inline constexpr unsigned full_warp = 0xffffffffu;
 
@@ -231,7 +234,7 @@ inline constexpr std::uint64_t radix_block_chunk = static_cast<std::uint64_t>(ra
 /// key digit 0. The scan also applies the threshold, appends candidates to buffer 0, clears the
 /// bitmap and (with a feedback source) writes acc back; the histogram step does only its name.
 template <class Source>
-__global__ void __launch_bounds__(radix_threads) radix_scan_kernel(radix_args a, Source src, std::uint32_t step) {
+__global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_scan_kernel(radix_args a, Source src, std::uint32_t step) {
   __shared__ std::uint32_t hist[radix_bins];
   __shared__ block_append_storage appender;
   const bool scan = step == radix_step_scan;
@@ -297,7 +300,7 @@ __global__ void __launch_bounds__(radix_threads) radix_scan_kernel(radix_args a,
 /// the bitmap; the tied bucket is histogrammed by the next digit and appended to the other
 /// buffer when it fits. Reads the whole tensor or only a buffer of candidates.
 template <class K>
-__global__ void __launch_bounds__(radix_threads) radix_classify_kernel(radix_args a, const K* x, std::uint32_t step) {
+__global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_classify_kernel(radix_args a, const K* x, std::uint32_t step) {
   __shared__ std::uint32_t hist[radix_bins];
   __shared__ radix_state shared_state;
   __shared__ block_append_storage appender;
@@ -306,7 +309,7 @@ __global__ void __launch_bounds__(radix_threads) radix_classify_kernel(radix_arg
     appender.count = 0;
   }
   __syncthreads();
-  const radix_state s = shared_state;
+  const radix_state& s = shared_state;  // read from shared memory: keeps registers for loads in flight
   if (s.phase != radix_running && s.phase != radix_all_in) return;
   const bool all_in = s.phase == radix_all_in;
   const radix_io io = radix_classify_io(s, a.buffer0.cap, a.buffer1.cap);
@@ -369,7 +372,7 @@ __global__ void __launch_bounds__(radix_threads) radix_classify_kernel(radix_arg
   if (threadIdx.x == 0) {
     r.appended = __ldcg(reinterpret_cast<const unsigned long long*>(cursor));
     radix_state next = s;
-    radix_finish_classify(next, a.plan, io, r);
+    radix_finish_classify(next, a.plan, io, dst.cap, r);
     *a.state = next;
   }
 }

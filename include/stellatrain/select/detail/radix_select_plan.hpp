@@ -300,6 +300,11 @@ STELLATRAIN_HOST_DEVICE constexpr void radix_finish_scan(radix_state& s, const r
     }
   }
   if (buffered && r.appended != r.total) s.status |= 2u;  // selection_status::buffer_overflow
+  if (!r.crossing.found) {  // only if the counts are broken: end rather than loop
+    s.status |= 1u;
+    s.phase = radix_done;
+    return;
+  }
   s.k_remaining = k;
   s.source = buffered ? radix_from_buffer0 : radix_from_input;
   s.source_count = buffered ? r.total : 0;
@@ -309,14 +314,21 @@ STELLATRAIN_HOST_DEVICE constexpr void radix_finish_scan(radix_state& s, const r
 /// Histogram step (after a threshold miss): the choice over every element.
 STELLATRAIN_HOST_DEVICE constexpr void radix_finish_histogram(radix_state& s, const radix_plan& p, std::uint64_t k,
                                                               const radix_step_result& r) noexcept {
+  if (!r.crossing.found) {
+    s.status |= 1u;
+    s.phase = radix_done;
+    return;
+  }
   s.k_remaining = k;
   s.source = radix_from_input;
   s.source_count = 0;
   radix_apply_choice(s, p, 0, r.crossing);
 }
 
-/// Classify step; `io` is what `radix_classify_io` said before the step.
+/// Classify step; `io` is what `radix_classify_io` said before the step, `write_cap` the
+/// capacity of the buffer it wrote.
 STELLATRAIN_HOST_DEVICE constexpr void radix_finish_classify(radix_state& s, const radix_plan& p, radix_io io,
+                                                             std::uint64_t write_cap,
                                                              const radix_step_result& r) noexcept {
   if (s.phase == radix_all_in) {
     s.phase = radix_done;
@@ -324,7 +336,7 @@ STELLATRAIN_HOST_DEVICE constexpr void radix_finish_classify(radix_state& s, con
   }
   if (r.total != s.candidates || !r.crossing.found) s.status |= 1u;  // inconsistent_counts
   if (io.write != radix_no_buffer) {
-    if (r.appended != s.candidates) s.status |= 2u;  // buffer_overflow
+    if (r.appended != s.candidates || r.appended > write_cap) s.status |= 2u;  // buffer_overflow
     s.source = io.write;
     s.source_count = s.candidates;
   }
