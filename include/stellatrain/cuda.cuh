@@ -10,3 +10,4 @@
 #include <stellatrain/compress/error_feedback_cuda.cuh>
 #include <stellatrain/select/selection_scatter.cuh>
 #include <stellatrain/select/topk_cuda.cuh>
+#include <stellatrain/pipeline/cuda_bridge.cuh>

@@ -152,6 +152,10 @@ class pipeline {
   using index_t = typename Compressor::index_type;
 
  public:
+  using compressor_type = Compressor;
+  using transport_type = Transport;
+  using optimizer_type = Optimizer;
+
   pipeline(Transport& transport, Executor& executor, Compressor compressor, Optimizer optimizer,
            pipeline_options options = {}, Policy policy = Policy{})
       : transport_(transport),
@@ -244,6 +248,8 @@ class pipeline {
       for (auto& slot : bucket->slots) {
         slot.grad = aligned_buffer<float>(in_bucket, {.prefault = true}, ex_);
         slot.received.resize(static_cast<std::size_t>(ranks_));
+        slot.preselected.assign(plan[b].tensor_count, 0);
+        slot.preselected_pairs.resize(plan[b].tensor_count);
       }
       bucket->unpacker.register_tensor(control_tensor, control_values);
       bucket->control_out = sparse_buffer<float, index_t>(control_values, control_values);
@@ -313,17 +319,40 @@ class pipeline {
     }
     ts.pushes = count + 1;
     if (micro + 1 < options_.micro_batches) return;
+    slot.preselected[t - b.range.first_tensor] = false;
+    count_push(ts.bucket, step);
+  }
 
-    std::lock_guard lock(mutex_);
-    if (slot.pushes_step != step) {
-      slot.pushes_step = step;
-      slot.pushes = 0;
+  /// Hands over, instead of a dense gradient, a selection made elsewhere (for example on the
+  /// GPU with its own error feedback, see pipeline/cuda_bridge.cuh): the compressor is not
+  /// called for this tensor and step, and its residual is not touched. The pairs are copied;
+  /// their indices must ascend strictly below the tensor's size (checked when packed).
+  /// Needs `micro_batches` == 1.
+  void push_selection(std::size_t t, sparse_view<const value_t, const index_t> selection) {
+    require_started("push_selection");
+    if (options_.micro_batches != 1) {
+      throw_error(errc::invalid_argument, "pipeline::push_selection: needs micro_batches == 1");
     }
-    ++slot.pushes;
-    if (slot.pushes == b.range.tensor_count) {
-      if (++step_pushed_buckets(step) == buckets_.size()) step_completed(step);
-      launch_ready(ts.bucket);
+    tensor_state& ts = tensors_.at(t);
+    if (selection.dense_size() != ts.size) {
+      throw_error(errc::size_mismatch, "pipeline::push_selection: tensor " + std::to_string(ts.id) + " has " +
+                                           std::to_string(ts.size) + " elements, the selection's dense size is " +
+                                           std::to_string(selection.dense_size()));
     }
+    bucket_state& b = *buckets_[ts.bucket];
+    const auto step = static_cast<std::int64_t>(ts.pushes);
+    slot_state& slot = b.slots[static_cast<std::size_t>(step % 2)];
+    timed_wait("push_selection: waiting for the selection of step " + std::to_string(step - 2),
+               [&] { return b.compressed >= step - 2; });
+    auto& buf = slot.preselected_pairs[t - b.range.first_tensor];
+    buf.set_dense_size(ts.size);
+    if (buf.capacity() < selection.size()) buf.reserve(selection.size(), {.prefault = true});
+    buf.resize(selection.size());
+    std::copy(selection.indices().begin(), selection.indices().end(), buf.indices().begin());
+    std::copy(selection.values().begin(), selection.values().end(), buf.values().begin());
+    slot.preselected[t - b.range.first_tensor] = true;
+    ts.pushes = ts.pushes + 1;
+    count_push(ts.bucket, step);
   }
 
   /// Waits until bucket `b` holds every update through `step` (a step below 0 returns at
@@ -556,6 +585,8 @@ class pipeline {
     std::size_t pushes = 0;                   // tensors handed over completely
     std::vector<std::byte> message;           // this rank's packed selection
     std::vector<message_buffer> received;     // every rank's message, by rank
+    std::vector<char> preselected;            // per tensor: handed over as a selection
+    std::vector<sparse_buffer<value_t, index_t>> preselected_pairs;
   };
 
   struct bucket_state {
@@ -616,6 +647,22 @@ class pipeline {
   }
 
   std::size_t& step_pushed_buckets(std::int64_t step) { return record(step).pushed_buckets; }
+
+  // One more tensor of bucket b is in for `step` (mutex_ not held).
+  void count_push(std::size_t b, std::int64_t step) {
+    bucket_state& bs = *buckets_[b];
+    slot_state& slot = bs.slots[static_cast<std::size_t>(step % 2)];
+    std::lock_guard lock(mutex_);
+    if (slot.pushes_step != step) {
+      slot.pushes_step = step;
+      slot.pushes = 0;
+    }
+    ++slot.pushes;
+    if (slot.pushes == bs.range.tensor_count) {
+      if (++step_pushed_buckets(step) == buckets_.size()) step_completed(step);
+      launch_ready(b);
+    }
+  }
 
   void step_completed(std::int64_t step) {
     // All buckets of `step` handed over: the compute time of the step is the time since the
@@ -769,10 +816,13 @@ class pipeline {
                             ? ts.size
                             : static_cast<std::uint64_t>(std::ceil(density * static_cast<double>(ts.size)));
       k = std::min(ts.size, std::max(k, options_.min_k));
-      const std::span<const float> g(slot.grad.data() + ts.offset_in_bucket, ts.size);
-      compressor_.compress(ex_, ts.id, g, k, bs.selections[i]);
-      elements += bs.selections[i].size();
-      bs.packer.add(ts.id, sparse_view<const value_t, const index_t>(bs.selections[i].view()),
+      auto& selection = slot.preselected[i] ? slot.preselected_pairs[i] : bs.selections[i];
+      if (!slot.preselected[i]) {
+        const std::span<const float> g(slot.grad.data() + ts.offset_in_bucket, ts.size);
+        compressor_.compress(ex_, ts.id, g, k, selection);
+      }
+      elements += selection.size();
+      bs.packer.add(ts.id, sparse_view<const value_t, const index_t>(selection.view()),
                     {.indices = options_.wire_indices, .values = value_encoding_of<value_t>});
     }
     add_reports(bs);
