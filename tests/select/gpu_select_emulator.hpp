@@ -43,10 +43,10 @@ struct emulated_selection {
 /// each scanned from the exclusive prefix of the pieces before it.
 inline detail::radix_step_result parallel_choose(const std::vector<std::uint64_t>& hist, const detail::radix_plan& p,
                                                  std::uint32_t level, std::uint64_t k, unsigned threads) {
-  const unsigned per = detail::radix_bins / threads;
+  const unsigned per = detail::device_radix_bins / threads;
   const std::uint32_t bins = 1u << p.digit(level).bits;
-  std::vector<std::uint64_t> by_position(detail::radix_bins, 0);
-  for (std::uint32_t pos = 0; pos < detail::radix_bins; ++pos) {
+  std::vector<std::uint64_t> by_position(detail::device_radix_bins, 0);
+  for (std::uint32_t pos = 0; pos < detail::device_radix_bins; ++pos) {
     by_position[pos] = pos < bins ? hist[detail::radix_position_digit(p, level, pos)] : 0;
   }
   detail::radix_step_result r{0, {0, 0, 0, false}, 0};
@@ -86,7 +86,7 @@ inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> ke
   s = {};
   std::vector<std::uint32_t> bitmap(bitmap_words(n), 0xdeadbeefu);  // the scan must clear it
   std::array<std::vector<std::uint64_t>, 2> buffers{std::vector<std::uint64_t>(cap0), std::vector<std::uint64_t>(cap1)};
-  std::vector<std::uint64_t> hist(radix_bins);
+  std::vector<std::uint64_t> hist(device_radix_bins);
 
   // Step 0: scan.
   {

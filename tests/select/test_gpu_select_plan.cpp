@@ -137,9 +137,9 @@ TEST_CASE("the parallel bucket choice equals the serial one", "[select][gpu_plan
   std::mt19937_64 rng(7);
   const auto plan = detail::make_radix_plan(31, 1'000'000);
   for (int trial = 0; trial < 60; ++trial) {
-    std::vector<std::uint64_t> hist(detail::radix_bins, 0);
+    std::vector<std::uint64_t> hist(detail::device_radix_bins, 0);
     const int filled = trial % 3 == 0 ? 1 : (trial % 3 == 1 ? 7 : 500);
-    for (int j = 0; j < filled; ++j) hist[rng() % detail::radix_bins] += 1 + rng() % 50;
+    for (int j = 0; j < filled; ++j) hist[rng() % detail::device_radix_bins] += 1 + rng() % 50;
     std::uint64_t total = 0;
     for (auto h : hist) total += h;
     for (std::uint32_t level : {0u, 3u}) {  // a key level (descending) and an index level (ascending)
@@ -168,7 +168,7 @@ TEST_CASE("classification by the chosen bucket", "[select][gpu_plan]") {
   detail::radix_state s{};
   s.k_remaining = 10;
   // Key level 0 chooses digit 5 (keys 5 << 20 .. (6 << 20) - 1).
-  detail::radix_apply_choice(s, plan, 0, {detail::radix_bins - 1 - 5, 3, 20, true});
+  detail::radix_apply_choice(s, plan, 0, {detail::device_radix_bins - 1 - 5, 3, 20, true});
   REQUIRE(s.chosen == 5);
   REQUIRE(s.phase == detail::radix_running);
   CHECK(s.k_remaining == 7);
@@ -178,7 +178,7 @@ TEST_CASE("classification by the chosen bucket", "[select][gpu_plan]") {
   CHECK(detail::radix_classify(s, plan, 4u << 20, 0) == detail::radix_class::loser);
   CHECK(detail::radix_next_digit(s, plan, (5u << 20) | (9u << 9), 0) == 9);
   // Level 1 chooses digit 9: now only keys with digit 0 == 5 are looked at.
-  detail::radix_apply_choice(s, plan, 1, {detail::radix_bins - 1 - 9, 2, 8, true});
+  detail::radix_apply_choice(s, plan, 1, {detail::device_radix_bins - 1 - 9, 2, 8, true});
   CHECK(detail::radix_classify(s, plan, 6u << 20, 0) == detail::radix_class::skip);
   CHECK(detail::radix_classify(s, plan, (5u << 20) | (10u << 9), 0) == detail::radix_class::winner);
   CHECK(detail::radix_classify(s, plan, (5u << 20) | (9u << 9), 0) == detail::radix_class::candidate);
@@ -428,7 +428,7 @@ TEST_CASE("the workspace layout is aligned, disjoint and complete", "[select][gp
         {w.state, sizeof(detail::radix_state)},
         {w.tickets, 4 * w.steps},
         {w.appended, 8 * w.steps},
-        {w.histograms, 8 * detail::radix_bins * w.steps},
+        {w.histograms, 8 * detail::device_radix_bins * w.steps},
         {w.buffer0, w.cap0 * w.entry_bytes},
         {w.buffer1, w.cap1 * w.entry_bytes},
         {w.bitmap, w.words * 4},

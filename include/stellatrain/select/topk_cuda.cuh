@@ -88,7 +88,7 @@ void select_topk(cuda_stream ctx, const T* x, std::uint64_t n, std::uint64_t k, 
   const std::size_t value_offset = selection_value_offset(call.k, dtype_of<Index>);
   detail::plain_emitter<T, out_t, Index> emit{x, reinterpret_cast<Index*>(device_out.data() + selection_index_offset()),
                                              reinterpret_cast<out_t*>(device_out.data() + value_offset), call.k};
-  detail::run_selection<T, Index, out_t>(call, detail::plain_source<T>{x}, x, emit);
+  detail::run_selection<T, Index, out_t>(call, detail::device_plain_source<T>{x}, x, emit);
 }
 
 /// Top-k by magnitude with a persistent per-tensor threshold: one pass keeps the elements at
@@ -118,7 +118,7 @@ void select_topk_threshold(cuda_stream ctx, const T* x, std::uint64_t n, std::ui
   const std::size_t value_offset = selection_value_offset(call.k, dtype_of<Index>);
   detail::plain_emitter<T, out_t, Index> emit{x, reinterpret_cast<Index*>(device_out.data() + selection_index_offset()),
                                              reinterpret_cast<out_t*>(device_out.data() + value_offset), call.k};
-  detail::run_selection<T, Index, out_t>(call, detail::plain_source<T>{x}, x, emit);
+  detail::run_selection<T, Index, out_t>(call, detail::device_plain_source<T>{x}, x, emit);
 }
 
 /// Sets the threshold in `device_state` from a sample of `x`: `options.sample_size` elements at
@@ -131,7 +131,7 @@ void estimate_threshold_sampled(cuda_stream ctx, const T* x, std::uint64_t n, st
                                 topk_threshold_state* device_state, std::span<std::byte> device_workspace,
                                 const topk_cuda_options& options = {}) {
   if (n != 0 && x == nullptr) throw_error(errc::invalid_argument, "estimate_threshold_sampled: null input");
-  detail::run_sampled_threshold<T>(ctx.stream, detail::plain_source<T>{x}, n, k, device_state, device_workspace,
+  detail::run_sampled_threshold<T>(ctx.stream, detail::device_plain_source<T>{x}, n, k, device_state, device_workspace,
                                    options, "estimate_threshold_sampled");
 }
 

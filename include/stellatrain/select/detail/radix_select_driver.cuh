@@ -229,7 +229,7 @@ void run_radix_passes(const topk_call& c, ScanSource scan_source, const K* keys_
   radix_scan_kernel<<<grid, radix_threads, 0, c.stream>>>(a, scan_source, radix_step_scan);
   check_launch("radix scan kernel launch");
   if (c.threshold != nullptr) {
-    radix_scan_kernel<<<grid, radix_threads, 0, c.stream>>>(a, plain_source<K>{keys_after_scan}, radix_step_histogram);
+    radix_scan_kernel<<<grid, radix_threads, 0, c.stream>>>(a, device_plain_source<K>{keys_after_scan}, radix_step_histogram);
     check_launch("radix histogram kernel launch");
   }
   for (std::uint32_t level = 0; level < c.plan.levels(); ++level) {

@@ -32,7 +32,7 @@ inline constexpr unsigned full_warp = 0xffffffffu;
 
 /// Reads magnitude keys of a plain tensor.
 template <class T>
-struct plain_source {
+struct device_plain_source {
   struct raw {
     T v;
   };
@@ -87,7 +87,7 @@ struct radix_args {
   radix_state* state;
   std::uint32_t* tickets;     // per step
   std::uint64_t* appended;    // per step
-  std::uint64_t* histograms;  // [step][radix_bins]
+  std::uint64_t* histograms;  // [step][device_radix_bins]
   candidate_buffer buffer0;
   candidate_buffer buffer1;
   std::uint32_t* bitmap;
@@ -126,11 +126,11 @@ __device__ inline void warp_append(const candidate_buffer& buffer, std::uint64_t
 }
 
 __device__ inline void clear_histogram(std::uint32_t* hist) {
-  for (unsigned b = threadIdx.x; b < radix_bins; b += blockDim.x) hist[b] = 0;
+  for (unsigned b = threadIdx.x; b < device_radix_bins; b += blockDim.x) hist[b] = 0;
 }
 
 __device__ inline void flush_histogram(const std::uint32_t* hist, std::uint64_t* global) {
-  for (unsigned b = threadIdx.x; b < radix_bins; b += blockDim.x) {
+  for (unsigned b = threadIdx.x; b < device_radix_bins; b += blockDim.x) {
     const std::uint32_t c = hist[b];
     if (c != 0) atomicAdd(reinterpret_cast<unsigned long long*>(&global[b]), static_cast<unsigned long long>(c));
   }
@@ -153,8 +153,8 @@ __device__ inline bool arrive_last(std::uint32_t* ticket) {
 /// exclusive prefix of the threads before it. Returns the same as radix_choose.
 __device__ inline radix_step_result block_choose(const std::uint64_t* hist, const radix_plan& p, std::uint32_t level,
                                                  std::uint64_t k) {
-  constexpr int per = radix_bins / radix_threads;
-  static_assert(per * radix_threads == static_cast<int>(radix_bins), "positions must split evenly");
+  constexpr int per = device_radix_bins / radix_threads;
+  static_assert(per * radix_threads == static_cast<int>(device_radix_bins), "positions must split evenly");
   using scan_t = cub::BlockScan<unsigned long long, radix_threads>;
   __shared__ typename scan_t::TempStorage scan_storage;
   __shared__ radix_crossing found;
@@ -235,7 +235,7 @@ inline constexpr std::uint64_t radix_block_chunk = static_cast<std::uint64_t>(ra
 /// bitmap and (with a feedback source) writes acc back; the histogram step does only its name.
 template <class Source>
 __global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_scan_kernel(radix_args a, Source src, std::uint32_t step) {
-  __shared__ std::uint32_t hist[radix_bins];
+  __shared__ std::uint32_t hist[device_radix_bins];
   __shared__ block_append_storage appender;
   const bool scan = step == radix_step_scan;
   if (!scan && a.state->phase != radix_need_histogram) return;  // the scan's choice stands
@@ -278,10 +278,10 @@ __global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_scan_ke
     if (append) block_append(appender, a.buffer0, cursor, candidate, index);
   }
   __syncthreads();
-  flush_histogram(hist, a.histograms + static_cast<std::uint64_t>(step) * radix_bins);
+  flush_histogram(hist, a.histograms + static_cast<std::uint64_t>(step) * device_radix_bins);
   if (!arrive_last(a.tickets + step)) return;
 
-  radix_step_result r = block_choose(a.histograms + static_cast<std::uint64_t>(step) * radix_bins, a.plan, 0, a.k);
+  radix_step_result r = block_choose(a.histograms + static_cast<std::uint64_t>(step) * device_radix_bins, a.plan, 0, a.k);
   if (threadIdx.x == 0) {
     r.appended = __ldcg(reinterpret_cast<const unsigned long long*>(cursor));
     radix_state s = *a.state;
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_scan_ke
 /// buffer when it fits. Reads the whole tensor or only a buffer of candidates.
 template <class K>
 __global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_classify_kernel(radix_args a, const K* x, std::uint32_t step) {
-  __shared__ std::uint32_t hist[radix_bins];
+  __shared__ std::uint32_t hist[device_radix_bins];
   __shared__ radix_state shared_state;
   __shared__ block_append_storage appender;
   if (threadIdx.x == 0) {
@@ -363,8 +363,8 @@ __global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_classif
     if (append) block_append(appender, dst, cursor, candidate, index);
   }
   __syncthreads();
-  const std::uint64_t* step_hist = a.histograms + static_cast<std::uint64_t>(step) * radix_bins;
-  if (!all_in) flush_histogram(hist, a.histograms + static_cast<std::uint64_t>(step) * radix_bins);
+  const std::uint64_t* step_hist = a.histograms + static_cast<std::uint64_t>(step) * device_radix_bins;
+  if (!all_in) flush_histogram(hist, a.histograms + static_cast<std::uint64_t>(step) * device_radix_bins);
   if (!arrive_last(a.tickets + step)) return;
 
   radix_step_result r{0, {0, 0, 0, false}, 0};

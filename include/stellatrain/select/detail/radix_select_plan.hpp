@@ -50,7 +50,7 @@ STELLATRAIN_HOST_DEVICE constexpr float key_value(std::uint32_t key) noexcept {
 // lowest indices. A "level" is one digit of this composite (key, index) order.
 
 inline constexpr std::uint32_t radix_digit_bits = 11;
-inline constexpr std::uint32_t radix_bins = 1u << radix_digit_bits;
+inline constexpr std::uint32_t device_radix_bins = 1u << radix_digit_bits;
 
 struct radix_digit {
   std::uint32_t shift;
@@ -467,7 +467,7 @@ struct radix_workspace_layout {
   std::size_t state;         // radix_state
   std::size_t tickets;       // u32 per step: blocks that finished the step
   std::size_t appended;      // u64 per step: buffer append cursor
-  std::size_t histograms;    // u64[steps][radix_bins]
+  std::size_t histograms;    // u64[steps][device_radix_bins]
   std::size_t control_bytes;
   std::size_t buffer0;       // cap0 entries of entry_bytes
   std::size_t buffer1;       // cap1 entries
@@ -514,7 +514,7 @@ inline constexpr radix_workspace_layout plan_radix_workspace(std::uint64_t n, st
   w.state = take(sizeof(radix_state));
   w.tickets = take(sizeof(std::uint32_t) * w.steps);
   w.appended = take(sizeof(std::uint64_t) * w.steps);
-  w.histograms = take(sizeof(std::uint64_t) * radix_bins * w.steps);
+  w.histograms = take(sizeof(std::uint64_t) * device_radix_bins * w.steps);
   w.control_bytes = at;
   w.buffer0 = take(static_cast<std::size_t>(w.cap0) * w.entry_bytes);
   w.buffer1 = take(static_cast<std::size_t>(w.cap1) * w.entry_bytes);
