@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The end-to-end trainer over a real network stack: under wan-emu, 4 ranks (one process
+# each, in its own network namespace) train with dense all-reduce and with the stellatrain
+# pipeline, over MPI and over ZeroMQ, first at 100 Mbit/s with 20 ms RTT, then at 1 Gbit/s
+# with 10 ms RTT. The link is shaped by the kernel (HTB) and wan-emu's delay line, not by the
+# library. Each run prints rank 0's table; summaries land in out/wan/<backend>-<rate>/.
+#
+#   bench/wan/train.sh [BUILD_DIR] [-- extra trainer options]
+#       BUILD_DIR: a build with examples (default build/bench-native)
+#
+# A benchmark, not a CI test: needs root, network namespaces, iproute2 and python3, and says
+# so when they are missing. Environment: WAN_EMU (default ../shared/tools/wan-emu beside the
+# checkout), WAN_BACKENDS ("mpi zmq"), WAN_LINKS ("100mbit:10 1gbit:5": rate:one-way ms),
+# WAN_CC (reno; "host" keeps the host's default congestion control).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=${1:-$root/build/bench-native}
+[ $# -gt 0 ] && shift
+[ "${1:-}" = "--" ] && shift
+extra=("$@")
+wan_emu=${WAN_EMU:-$root/../shared/tools/wan-emu}
+backends=${WAN_BACKENDS:-mpi zmq}
+links=${WAN_LINKS:-100mbit:10 1gbit:5}
+cc=${WAN_CC:-reno}
+cc_args=()
+[ "$cc" != host ] && cc_args=(--cc "$cc")
+trainer="$build/examples/train_fashion_mnist/train_fashion_mnist"
+
+skip() { echo "WAN training benchmark: skipped: $*"; exit 0; }
+[ -f "$wan_emu" ] || skip "wan-emu not found at $wan_emu (set WAN_EMU)"
+[ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
+for tool in ip tc unshare python3; do command -v "$tool" >/dev/null 2>&1 || skip "needs $tool"; done
+probe="sttrain$$"
+ip netns add "$probe" 2>/dev/null || skip "network namespaces do not work here (ip netns add failed)"
+ip netns del "$probe"
+[ -x "$trainer" ] || { echo "WAN training benchmark: $trainer is missing (build with examples first)" >&2; exit 2; }
+
+for link in $links; do
+  rate=${link%%:*}
+  delay=${link##*:}
+  for backend in $backends; do
+    out="$root/out/wan/$backend-$rate"
+    mkdir -p "$out"
+    echo
+    echo "== $backend, $rate per link, $((2 * delay)) ms RTT"
+    # No shaping by the library: the emulated network is the link.
+    args=(--transport "$backend" --bandwidth 0 --rtt 0 --out "$out" "${extra[@]+"${extra[@]}"}")
+    if [ "$backend" = mpi ]; then
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        bash "$wan_emu" run -n 4 -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" --rank0 --timeout 1800 -- \
+        mpirun -np 4 -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM "$trainer" "${args[@]}"
+    else
+      bash "$wan_emu" run -n 4 -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" --timeout 1800 -- sh -c '
+        export STELLATRAIN_RANK=$WAN_EMU_RANK
+        peers=""; for a in $WAN_EMU_ADDRS; do peers="$peers,tcp://$a:5555"; done
+        export STELLATRAIN_ZMQ_PEERS=${peers#,}
+        exec "$0" "$@"' "$trainer" "${args[@]}" | grep -E "^\[r0\]"
+    fi
+  done
+done
