@@ -27,7 +27,7 @@
 
 namespace stellatrain::detail {
 
-inline constexpr std::uint64_t no_position = std::numeric_limits<std::uint64_t>::max();
+inline constexpr std::uint64_t no_element = std::numeric_limits<std::uint64_t>::max();
 
 // Dense chunks: long enough that a chunk amortises its dispatch, short enough (1 MiB of each
 // array) that the executor balances uneven progress. Multiples of 64 elements keep every
@@ -91,7 +91,7 @@ template <class Arch, class Grad, executor Executor>
 std::uint64_t dense_nonfinite_check(std::span<const Grad> g, Executor& ex,
                                     std::uint64_t& first_position) {
   std::atomic<std::uint64_t> count{0};
-  std::atomic<std::uint64_t> first{no_position};
+  std::atomic<std::uint64_t> first{no_element};
   const std::uint64_t n = g.size();
   const Grad* data = g.data();
   for_each_chunk(ex, n, balanced_grain(n, ex.concurrency(), std::uint64_t{1} << 16, 64),
@@ -172,10 +172,10 @@ STELLATRAIN_FORCE_INLINE std::size_t run_boundary(const Index* idx, std::size_t 
 }
 
 struct sparse_check_result {
-  std::uint64_t bad_order = no_position;     // first position j with idx[j-1] > idx[j]
-  std::uint64_t out_of_range = no_position;  // first position with idx[j] >= size
+  std::uint64_t bad_order = no_element;     // first position j with idx[j-1] > idx[j]
+  std::uint64_t out_of_range = no_element;  // first position with idx[j] >= size
   std::uint64_t nonfinite = 0;               // runs whose summed gradient is not finite
-  std::uint64_t first_nonfinite = no_position;
+  std::uint64_t first_nonfinite = no_element;
 };
 
 // The pre-pass of a sparse step, before anything is written: indices in range and
@@ -183,10 +183,10 @@ struct sparse_check_result {
 template <class Arch, class Value, class Index, executor Executor>
 sparse_check_result sparse_check(const Index* idx, const Value* val, std::uint64_t count,
                                  std::uint64_t size, bool check_finite, Executor& ex) {
-  std::atomic<std::uint64_t> bad_order{no_position};
-  std::atomic<std::uint64_t> out_of_range{no_position};
+  std::atomic<std::uint64_t> bad_order{no_element};
+  std::atomic<std::uint64_t> out_of_range{no_element};
   std::atomic<std::uint64_t> nonfinite{0};
-  std::atomic<std::uint64_t> first_nonfinite{no_position};
+  std::atomic<std::uint64_t> first_nonfinite{no_element};
   for_each_chunk(ex, count, balanced_grain(count, ex.concurrency(), std::uint64_t{1} << 15),
                  [&](std::uint64_t b, std::uint64_t e) {
                    bool order_ok = true;
@@ -214,7 +214,7 @@ sparse_check_result sparse_check(const Index* idx, const Value* val, std::uint64
                    }
                    if (check_finite) {
                      std::uint64_t local = 0;
-                     std::uint64_t local_first = no_position;
+                     std::uint64_t local_first = no_element;
                      // Runs that start in [b, e), summed exactly as the update sums them;
                      // a run that started before b belongs to the previous chunk.
                      std::uint64_t j = b;
@@ -227,7 +227,7 @@ sparse_check_result sparse_check(const Index* idx, const Value* val, std::uint64
                        while (r < count && idx[r] == idx[j]) s += to_float(val[r++]);
                        if (!std::isfinite(s)) [[unlikely]] {
                          ++local;
-                         if (local_first == no_position) local_first = j;
+                         if (local_first == no_element) local_first = j;
                        }
                        j = r;
                      }
@@ -316,7 +316,7 @@ step_report dense_step(Optimizer& opt, tensor_registry& registry, std::size_t te
   check_dense_arguments<Grad>(Optimizer::name, tensor, t, g.size(), copy);
   const nonfinite_policy policy = opt.nonfinite();
   if (policy != nonfinite_policy::skip_elements) {
-    std::uint64_t first = no_position;
+    std::uint64_t first = no_element;
     const std::uint64_t bad = dense_nonfinite_check<Arch>(g, ex, first);
     if (bad != 0) {
       if (policy == nonfinite_policy::raise) {
@@ -353,7 +353,7 @@ step_report sparse_step(Optimizer& opt, tensor_registry& registry, std::size_t t
   const Value* val = g.values().data();
   const bool precheck_finite = policy != nonfinite_policy::skip_elements;
   const sparse_check_result check = sparse_check<Arch>(idx, val, g.size(), t.size, precheck_finite, ex);
-  if (check.bad_order != no_position || check.out_of_range != no_position) [[unlikely]] {
+  if (check.bad_order != no_element || check.out_of_range != no_element) [[unlikely]] {
     throw_sparse_index_error<Value>(Optimizer::name, tensor, check, idx, t.size);
   }
   if (check.nonfinite != 0) {
