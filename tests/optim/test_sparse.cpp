@@ -301,6 +301,27 @@ TEST_CASE("non-finite sparse gradients never reach the state", "[optim][sparse][
   }
 }
 
+TEST_CASE("a run of equal indices across the pre-pass chunks counts once", "[optim][sparse][nonfinite]") {
+  // 100K entries in runs of (mostly) 4 over 25001 elements: with 2 threads the pre-pass splits
+  // into chunks of 32768 entries, so the run at 32766..32769 straddles the first boundary.
+  const std::size_t n = 25'001;
+  std::vector<std::uint32_t> idx(100'000);
+  for (std::size_t j = 0; j < idx.size(); ++j) idx[j] = static_cast<std::uint32_t>((j + 2) / 4);
+  REQUIRE(idx[32766] == idx[32769]);
+  REQUIRE(idx[32765] != idx[32766]);
+  std::vector<float> val(idx.size(), 0.25f);
+  val[32768] = val[32769] = std::numeric_limits<float>::infinity();
+  thread_pool pool{2};
+  for (auto policy : {nonfinite_policy::skip_tensor, nonfinite_policy::skip_elements}) {
+    sgd_optimizer opt({.lr = 0.1f, .nonfinite = policy});
+    opt.add_tensor(std::vector<float>(n, 1.0f));
+    const auto r = opt.step(0, view<std::uint32_t>{idx, val, n}, pool);
+    CHECK(r.nonfinite == 1);
+    CHECK(r.applied == (policy == nonfinite_policy::skip_elements));
+    CHECK(opt.params(0)[idx[32766]] == 1.0f);
+  }
+}
+
 TEMPLATE_TEST_CASE("a sparse step writes compact or dense parameter copies", "[optim][sparse][copy]",
                    fp16, bf16, float) {
   const std::size_t n = 1000;

@@ -67,10 +67,15 @@ std::uint64_t dense_chunk(const Rule& rule, const tensor_arrays& t, const Grad* 
     if (out != nullptr) store_from_float<Arch>(out, vp);
   };
 
+  // Local copies: stores through float* could alias `t`, which would reload it every batch.
+  float* const params = t.params;
+  float* const s0 = t.s0;
+  float* const s1 = t.s1;
+  float* const s2 = t.s2;
   std::size_t i = b;
   for (; i + width <= e; i += width) {
-    body(t.params + i, g + i, arrays > 0 ? t.s0 + i : nullptr, arrays > 1 ? t.s1 + i : nullptr,
-         arrays > 2 ? t.s2 + i : nullptr, copy != nullptr ? copy + i : nullptr);
+    body(params + i, g + i, arrays > 0 ? s0 + i : nullptr, arrays > 1 ? s1 + i : nullptr,
+         arrays > 2 ? s2 + i : nullptr, copy != nullptr ? copy + i : nullptr);
   }
   if (i < e) {
     const std::size_t r = e - i;

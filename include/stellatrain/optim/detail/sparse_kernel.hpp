@@ -59,11 +59,13 @@ STELLATRAIN_FORCE_INLINE void prefetch_element(const tensor_arrays& t, std::uint
 //
 // PerElement: the step number comes from the element's counter (incremented here,
 // saturating); otherwise the rule's per-tensor coefficients apply. MaskBad: elements whose
-// summed gradient is not finite are left untouched and counted. `Arch` only keeps the
-// instantiations of differently compiled translation units apart (see step_driver.hpp).
+// summed gradient is not finite are left untouched and counted. The rule and the array
+// pointers are taken by value: the kernel's float stores cannot alias local copies, so they
+// stay in registers. `Arch` only keeps the instantiations of differently compiled
+// translation units apart (see step_driver.hpp).
 template <class Arch, bool PerElement, bool MaskBad, class Rule, class IndexFn, class Value,
           class Out>
-sparse_piece_result sparse_piece(const Rule& rule, const tensor_arrays& t, IndexFn idx,
+sparse_piece_result sparse_piece(const Rule rule, const tensor_arrays t, IndexFn idx,
                                  const Value* values, std::size_t jb, std::size_t je, Out* copy,
                                  copy_layout layout) noexcept {
   constexpr std::size_t arrays = Rule::state_arrays;

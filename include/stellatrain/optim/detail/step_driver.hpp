@@ -215,12 +215,13 @@ sparse_check_result sparse_check(const Index* idx, const Value* val, std::uint64
                    if (check_finite) {
                      std::uint64_t local = 0;
                      std::uint64_t local_first = no_element;
-                     // Runs that start in [b, e), summed exactly as the update sums them.
-                     for (std::uint64_t j = b; j < e;) {
-                       if (j > 0 && j == b && idx[j] == idx[j - 1]) {  // run started before b
-                         ++j;
-                         continue;
-                       }
+                     // Runs that start in [b, e), summed exactly as the update sums them;
+                     // a run that started before b belongs to the previous chunk.
+                     std::uint64_t j = b;
+                     if (b > 0) {
+                       while (j < e && idx[j] == idx[b - 1]) ++j;
+                     }
+                     while (j < e) {
                        float s = to_float(val[j]);
                        std::uint64_t r = j + 1;
                        while (r < count && idx[r] == idx[j]) s += to_float(val[r++]);
