@@ -146,17 +146,34 @@ void unpack_vertical_fixed(const std::byte* in, std::uint32_t* v) noexcept {
   }
 }
 
-using pack_vertical_fn = void (*)(const std::uint32_t*, std::byte*) noexcept;
-using unpack_vertical_fn = void (*)(const std::byte*, std::uint32_t*) noexcept;
-
-template <class Arch, unsigned... B>
-constexpr std::array<pack_vertical_fn, 33> make_pack_table(std::integer_sequence<unsigned, B...>) noexcept {
-  return {&pack_vertical_fixed<B, Arch>...};
+// Calls the instantiation for width b in [Lo, Hi] through a binary tree of comparisons (six
+// levels, predicted well since neighbouring blocks share widths).
+template <class Arch, unsigned Lo, unsigned Hi>
+STELLATRAIN_FORCE_INLINE void pack_vertical_dispatch(unsigned b, const std::uint32_t* v, std::byte* out) noexcept {
+  if constexpr (Lo == Hi) {
+    pack_vertical_fixed<Lo, Arch>(v, out);
+  } else {
+    constexpr unsigned mid = (Lo + Hi) / 2;
+    if (b <= mid) {
+      pack_vertical_dispatch<Arch, Lo, mid>(b, v, out);
+    } else {
+      pack_vertical_dispatch<Arch, mid + 1, Hi>(b, v, out);
+    }
+  }
 }
 
-template <class Arch, unsigned... B>
-constexpr std::array<unpack_vertical_fn, 33> make_unpack_table(std::integer_sequence<unsigned, B...>) noexcept {
-  return {&unpack_vertical_fixed<B, Arch>...};
+template <class Arch, unsigned Lo, unsigned Hi>
+STELLATRAIN_FORCE_INLINE void unpack_vertical_dispatch(unsigned b, const std::byte* in, std::uint32_t* v) noexcept {
+  if constexpr (Lo == Hi) {
+    unpack_vertical_fixed<Lo, Arch>(in, v);
+  } else {
+    constexpr unsigned mid = (Lo + Hi) / 2;
+    if (b <= mid) {
+      unpack_vertical_dispatch<Arch, Lo, mid>(b, in, v);
+    } else {
+      unpack_vertical_dispatch<Arch, mid + 1, Hi>(b, in, v);
+    }
+  }
 }
 
 /// Packs v[0..255] (only their low b bits are used, b <= 32) into 32 * b bytes at `out`.
@@ -165,8 +182,7 @@ void pack_vertical(const std::uint32_t* v, unsigned b, std::byte* out) noexcept 
   if constexpr (!vertical_simd<Arch>) {
     pack_vertical_scalar(v, b, out);
   } else {
-    static constexpr auto table = make_pack_table<Arch>(std::make_integer_sequence<unsigned, 33>());
-    table[b](v, out);
+    pack_vertical_dispatch<Arch, 0, 32>(b, v, out);
   }
 }
 
@@ -176,8 +192,7 @@ void unpack_vertical(const std::byte* in, unsigned b, std::uint32_t* v) noexcept
   if constexpr (!vertical_simd<Arch>) {
     unpack_vertical_scalar(in, b, v);
   } else {
-    static constexpr auto table = make_unpack_table<Arch>(std::make_integer_sequence<unsigned, 33>());
-    table[b](in, v);
+    unpack_vertical_dispatch<Arch, 0, 32>(b, in, v);
   }
 }
 
