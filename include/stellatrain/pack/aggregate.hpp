@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#if defined(__SSE2__) || defined(__AVX2__)
+#if defined(__SSE2__) || defined(__AVX2__) || defined(__BMI2__)
 #include <immintrin.h>
 #endif
 
@@ -69,6 +69,15 @@ inline constexpr std::uint64_t scatter_piece = std::uint64_t{1} << 16;
 template <class V>
 STELLATRAIN_FORCE_INLINE float value_as_float(V v) noexcept {
   return to_float(v);
+}
+
+// The bits of m below bit i (i < 64): one BMI2 instruction where available.
+STELLATRAIN_FORCE_INLINE std::uint64_t below_bit(std::uint64_t m, std::uint32_t i) noexcept {
+#if defined(__BMI2__)
+  return _bzhi_u64(m, i);
+#else
+  return m & ((std::uint64_t{1} << i) - 1);
+#endif
 }
 
 // Bit j of the result: byte j of the 64 bytes at p is not zero (the bytes are 0 or 1).
@@ -165,12 +174,13 @@ std::uint64_t merge_part(std::span<const sparse_view<const V, const I>> inputs, 
     for (std::size_t w = 0; w < w_count; ++w) {
       const I* idx = inputs[w].indices().data();
       const V* val = inputs[w].values().data();
-      for (std::uint64_t h = heads[w]; h < stops[w]; ++h) {
+      const std::uint64_t stop = stops[w];  // a local: the stores below may alias stops[]
+      for (std::uint64_t h = heads[w]; h < stop; ++h) {
         const I x = idx[h];
-        const std::uint64_t o = (static_cast<std::uint64_t>(x) - base) & (merge_window - 1);
-        const std::uint64_t q = o >> 6;
-        const std::uint64_t rank =
-            before[q] + static_cast<std::uint64_t>(std::popcount(masks[q] & ((std::uint64_t{1} << (o & 63)) - 1)));
+        const std::uint32_t o = static_cast<std::uint32_t>(static_cast<std::uint64_t>(x) - base) &
+                                static_cast<std::uint32_t>(merge_window - 1);
+        const std::uint32_t q = o >> 6;
+        const std::uint32_t rank = before[q] + static_cast<std::uint32_t>(std::popcount(below_bit(masks[q], o & 63)));
         oi[rank] = x;
         ov[rank] += value_as_float(val[h]);
       }

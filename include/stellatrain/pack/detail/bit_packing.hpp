@@ -9,10 +9,12 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 namespace stellatrain::detail {
 
@@ -73,73 +75,172 @@ inline constexpr bool vertical_simd =
     std::endian::native == std::endian::little &&
     (xsimd::batch<std::uint32_t, Arch>::size == 4 || xsimd::batch<std::uint32_t, Arch>::size == 8);
 
-/// Packs v[0..255] (only their low b bits are used) into 32 * b bytes at `out`.
+// One width B fixed at compile time: every shift, store and word boundary of the 32 slots is a
+// constant, so the loops unroll into straight-line shifts, ORs and stores (no branches).
+template <unsigned B, class Arch, std::size_t S>
+STELLATRAIN_FORCE_INLINE void pack_slot(const std::uint32_t* v, std::uint32_t* words, std::size_t h,
+                                        xsimd::batch<std::uint32_t, Arch>& acc) noexcept {
+  using batch = xsimd::batch<std::uint32_t, Arch>;
+  constexpr unsigned first = static_cast<unsigned>(S) * B;
+  constexpr unsigned fill = first % 32;
+  constexpr std::size_t word = first / 32;
+  const batch x = batch::load_unaligned(v + S * vertical_lanes + h) & batch(low_mask32(B));
+  if constexpr (fill == 0) {
+    acc = x;
+  } else {
+    acc = acc | (x << static_cast<std::int32_t>(fill));
+  }
+  if constexpr (fill + B >= 32) {
+    acc.store_unaligned(words + word * vertical_lanes + h);
+    if constexpr (fill + B > 32) acc = x >> static_cast<std::int32_t>(32 - fill);
+  }
+}
+
+template <unsigned B, class Arch, std::size_t... S>
+STELLATRAIN_FORCE_INLINE void pack_lanes(const std::uint32_t* v, std::uint32_t* words, std::size_t h,
+                                         std::index_sequence<S...>) noexcept {
+  xsimd::batch<std::uint32_t, Arch> acc(0u);
+  (pack_slot<B, Arch, S>(v, words, h, acc), ...);
+}
+
+template <unsigned B, class Arch>
+void pack_vertical_fixed(const std::uint32_t* v, std::byte* out) noexcept {
+  if constexpr (B > 0) {
+    auto* words = reinterpret_cast<std::uint32_t*>(out);
+    for (std::size_t h = 0; h < vertical_lanes; h += xsimd::batch<std::uint32_t, Arch>::size) {
+      pack_lanes<B, Arch>(v, words, h, std::make_index_sequence<wire::block_elements / vertical_lanes>());
+    }
+  }
+}
+
+template <unsigned B, class Arch, std::size_t S>
+STELLATRAIN_FORCE_INLINE void unpack_slot(const std::uint32_t* words, std::uint32_t* v, std::size_t h) noexcept {
+  using batch = xsimd::batch<std::uint32_t, Arch>;
+  constexpr unsigned first = static_cast<unsigned>(S) * B;
+  constexpr unsigned shift = first % 32;
+  constexpr std::size_t word = first / 32;
+  batch x = batch::load_unaligned(words + word * vertical_lanes + h);
+  if constexpr (shift != 0) x = x >> static_cast<std::int32_t>(shift);
+  if constexpr (shift + B > 32) {
+    x = x | (batch::load_unaligned(words + (word + 1) * vertical_lanes + h) << static_cast<std::int32_t>(32 - shift));
+  }
+  if constexpr (B < 32) x = x & batch(low_mask32(B));
+  x.store_unaligned(v + S * vertical_lanes + h);
+}
+
+template <unsigned B, class Arch, std::size_t... S>
+STELLATRAIN_FORCE_INLINE void unpack_lanes(const std::uint32_t* words, std::uint32_t* v, std::size_t h,
+                                           std::index_sequence<S...>) noexcept {
+  (unpack_slot<B, Arch, S>(words, v, h), ...);
+}
+
+template <unsigned B, class Arch>
+void unpack_vertical_fixed(const std::byte* in, std::uint32_t* v) noexcept {
+  if constexpr (B == 0) {
+    std::memset(v, 0, wire::block_elements * sizeof(std::uint32_t));
+  } else {
+    const auto* words = reinterpret_cast<const std::uint32_t*>(in);
+    for (std::size_t h = 0; h < vertical_lanes; h += xsimd::batch<std::uint32_t, Arch>::size) {
+      unpack_lanes<B, Arch>(words, v, h, std::make_index_sequence<wire::block_elements / vertical_lanes>());
+    }
+  }
+}
+
+// Calls the instantiation for width b in [Lo, Hi] through a binary tree of comparisons (six
+// levels, predicted well since neighbouring blocks share widths).
+template <class Arch, unsigned Lo, unsigned Hi>
+STELLATRAIN_FORCE_INLINE void pack_vertical_dispatch(unsigned b, const std::uint32_t* v, std::byte* out) noexcept {
+  if constexpr (Lo == Hi) {
+    pack_vertical_fixed<Lo, Arch>(v, out);
+  } else {
+    constexpr unsigned mid = (Lo + Hi) / 2;
+    if (b <= mid) {
+      pack_vertical_dispatch<Arch, Lo, mid>(b, v, out);
+    } else {
+      pack_vertical_dispatch<Arch, mid + 1, Hi>(b, v, out);
+    }
+  }
+}
+
+template <class Arch, unsigned Lo, unsigned Hi>
+STELLATRAIN_FORCE_INLINE void unpack_vertical_dispatch(unsigned b, const std::byte* in, std::uint32_t* v) noexcept {
+  if constexpr (Lo == Hi) {
+    unpack_vertical_fixed<Lo, Arch>(in, v);
+  } else {
+    constexpr unsigned mid = (Lo + Hi) / 2;
+    if (b <= mid) {
+      unpack_vertical_dispatch<Arch, Lo, mid>(b, in, v);
+    } else {
+      unpack_vertical_dispatch<Arch, mid + 1, Hi>(b, in, v);
+    }
+  }
+}
+
+/// Packs v[0..255] (only their low b bits are used, b <= 32) into 32 * b bytes at `out`.
 template <class Arch = xsimd::default_arch>
 void pack_vertical(const std::uint32_t* v, unsigned b, std::byte* out) noexcept {
   if constexpr (!vertical_simd<Arch>) {
     pack_vertical_scalar(v, b, out);
   } else {
-    using batch = xsimd::batch<std::uint32_t, Arch>;
-    constexpr std::size_t width = batch::size;
-    if (b == 0) return;
-    const batch mask(low_mask32(b));
-    auto* words = reinterpret_cast<std::uint32_t*>(out);
-    for (std::size_t h = 0; h < vertical_lanes; h += width) {
-      batch acc(0u);
-      unsigned fill = 0;
-      std::size_t word = 0;
-      for (std::size_t s = 0; s < wire::block_elements / vertical_lanes; ++s) {
-        const batch x = batch::load_unaligned(v + s * vertical_lanes + h) & mask;
-        acc = acc | (x << static_cast<std::int32_t>(fill));
-        fill += b;
-        if (fill >= 32) {
-          acc.store_unaligned(words + word * vertical_lanes + h);
-          ++word;
-          fill -= 32;
-          acc = fill != 0 ? (x >> static_cast<std::int32_t>(b - fill)) : batch(0u);
-        }
-      }
-    }
+    pack_vertical_dispatch<Arch, 0, 32>(b, v, out);
   }
 }
 
-/// Unpacks 256 values of b bits from the 32 * b bytes at `in`.
+/// Unpacks 256 values of b bits (b <= 32) from the 32 * b bytes at `in`.
 template <class Arch = xsimd::default_arch>
 void unpack_vertical(const std::byte* in, unsigned b, std::uint32_t* v) noexcept {
   if constexpr (!vertical_simd<Arch>) {
     unpack_vertical_scalar(in, b, v);
   } else {
-    using batch = xsimd::batch<std::uint32_t, Arch>;
-    constexpr std::size_t width = batch::size;
-    if (b == 0) {
-      std::memset(v, 0, wire::block_elements * sizeof(std::uint32_t));
-      return;
-    }
-    const batch mask(low_mask32(b));
-    const auto* words = reinterpret_cast<const std::uint32_t*>(in);
-    for (std::size_t h = 0; h < vertical_lanes; h += width) {
-      batch w = batch::load_unaligned(words + h);
-      unsigned fill = 0;
-      std::size_t word = 0;
-      for (std::size_t s = 0; s < wire::block_elements / vertical_lanes; ++s) {
-        batch x;
-        if (fill + b <= 32) {
-          x = w >> static_cast<std::int32_t>(fill);
-          fill += b;
-          if (fill == 32) {
-            fill = 0;
-            if (++word < b) w = batch::load_unaligned(words + word * vertical_lanes + h);
-          }
-        } else {
-          const batch low = w >> static_cast<std::int32_t>(fill);
-          ++word;
-          w = batch::load_unaligned(words + word * vertical_lanes + h);
-          x = low | (w << static_cast<std::int32_t>(32 - fill));
-          fill = fill + b - 32;
-        }
-        (x & mask).store_unaligned(v + s * vertical_lanes + h);
+    unpack_vertical_dispatch<Arch, 0, 32>(b, in, v);
+  }
+}
+
+// out[j] = start + (g[0] + 1) + ... + (g[j] + 1) - 1 for j < count, in 32-bit arithmetic: the
+// indices of a block from its gaps. Eight (or four) at a time: an in-register prefix sum by
+// three (two) shifted adds, plus the running total broadcast from the previous group.
+template <class Arch>
+void store_indices_u32(const std::uint32_t* g, std::size_t count, std::uint32_t start, std::uint32_t* out) noexcept {
+  using batch = xsimd::batch<std::uint32_t, Arch>;
+  constexpr std::size_t width = batch::size;
+  std::size_t j = 0;
+  if constexpr (vertical_simd<Arch>) {
+    auto step = [](batch x) {
+      // Inclusive prefix sum of the lanes of x.
+      if constexpr (width == 8) {
+        const batch one_up = xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 1u, 2u, 3u, 4u, 5u, 6u>());
+        x = x + (one_up & batch(xsimd::batch_constant<batch, 0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u>()));
+        const batch two_up = xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 0u, 1u, 2u, 3u, 4u, 5u>());
+        x = x + (two_up & batch(xsimd::batch_constant<batch, 0u, 0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u>()));
+        const batch four_up = xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 0u, 0u, 0u, 1u, 2u, 3u>());
+        return x + (four_up & batch(xsimd::batch_constant<batch, 0u, 0u, 0u, 0u, ~0u, ~0u, ~0u, ~0u>()));
+      } else {
+        const batch one_up = xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 1u, 2u>());
+        x = x + (one_up & batch(xsimd::batch_constant<batch, 0u, ~0u, ~0u, ~0u>()));
+        const batch two_up = xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 0u, 1u>());
+        return x + (two_up & batch(xsimd::batch_constant<batch, 0u, 0u, ~0u, ~0u>()));
       }
+    };
+    auto last_lane = [](batch x) {
+      if constexpr (width == 8) {
+        return xsimd::swizzle(x, xsimd::batch_constant<batch, 7u, 7u, 7u, 7u, 7u, 7u, 7u, 7u>());
+      } else {
+        return xsimd::swizzle(x, xsimd::batch_constant<batch, 3u, 3u, 3u, 3u>());
+      }
+    };
+    const batch one(1u);
+    batch carry(start - 1u);
+    for (; j + width <= count; j += width) {
+      const batch x = step(batch::load_unaligned(g + j) + one) + carry;
+      x.store_unaligned(out + j);
+      carry = last_lane(x);
     }
+    if (j > 0) start = out[j - 1] + 1u;
+  }
+  for (; j < count; ++j) {
+    start += g[j];
+    out[j] = start;
+    ++start;
   }
 }
 

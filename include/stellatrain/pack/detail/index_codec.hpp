@@ -6,10 +6,15 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
+#include <stellatrain/detail/xsimd_compat.hpp>
 #include <stellatrain/pack/detail/bit_packing.hpp>
 #include <stellatrain/pack/wire_format.hpp>
 
 #include <xsimd/xsimd.hpp>
+
+#if defined(__SSE2__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -90,76 +95,190 @@ STELLATRAIN_FORCE_INLINE I block_gaps(const I* STELLATRAIN_RESTRICT idx, std::si
   return any;
 }
 
-// Encodes one block of count (1..256) gaps; returns its bytes. hist_varint accumulates the
-// varint bytes of the same gaps.
+// counts[i] = number of the `count` gaps wider than t[i] bits (d >> t[i] != 0), for k <= 8
+// thresholds below the gap width. One pass; the counters stay in registers (a histogram in
+// memory would serialise on store-to-load forwarding when neighbouring gaps share a width).
+template <std::size_t K, class I, class Arch>
+void count_wider_fixed(const I* d, std::size_t count, const unsigned* t, std::uint32_t* counts) noexcept {
+  std::size_t j = 0;
+  for (std::size_t i = 0; i < K; ++i) counts[i] = 0;
+  if constexpr (sizeof(I) == 4 && vertical_simd<Arch>) {
+    using batch = xsimd::batch<std::uint32_t, Arch>;
+    constexpr std::size_t width = batch::size;
+    // d >> t != 0  <=>  d > 2^t - 1, unsigned; as a signed compare after flipping sign bits.
+    using ibatch = xsimd::batch<std::int32_t, Arch>;
+    const batch sign(0x80000000u);
+    ibatch limit[K];
+    ibatch acc[K];
+    for (std::size_t i = 0; i < K; ++i) {
+      limit[i] = ibatch(static_cast<std::int32_t>(low_mask32(t[i]) ^ 0x80000000u));
+      acc[i] = ibatch(0);
+    }
+    for (; j + width <= count; j += width) {
+      const auto v = xsimd::bitwise_cast<ibatch>(batch::load_unaligned(d + j) ^ sign);
+      for (std::size_t i = 0; i < K; ++i) acc[i] = acc[i] + xsimd::select(v > limit[i], ibatch(1), ibatch(0));
+    }
+    for (std::size_t i = 0; i < K; ++i) counts[i] = static_cast<std::uint32_t>(reduce_add(acc[i]));
+  }
+  for (; j < count; ++j) {
+    for (std::size_t i = 0; i < K; ++i) counts[i] += (static_cast<std::uint64_t>(d[j]) >> t[i]) != 0 ? 1u : 0u;
+  }
+}
+
+// counts[i] = number of the `count` gaps wider than t[i] bits (d >> t[i] != 0), for k <= 8
+// thresholds below the gap width. One pass with the counters in registers (a histogram in
+// memory would serialise on store-to-load forwarding when neighbouring gaps share a width).
 template <class I, class Arch>
-std::size_t encode_block(const I* d, std::size_t count, I any, std::byte* out,
+void count_wider(const I* d, std::size_t count, const unsigned* t, std::size_t k, std::uint32_t* counts) noexcept {
+  switch (k) {
+    case 1: count_wider_fixed<1, I, Arch>(d, count, t, counts); return;
+    case 2: count_wider_fixed<2, I, Arch>(d, count, t, counts); return;
+    case 3: count_wider_fixed<3, I, Arch>(d, count, t, counts); return;
+    case 4: count_wider_fixed<4, I, Arch>(d, count, t, counts); return;
+    case 5: count_wider_fixed<5, I, Arch>(d, count, t, counts); return;
+    case 6: count_wider_fixed<6, I, Arch>(d, count, t, counts); return;
+    case 7: count_wider_fixed<7, I, Arch>(d, count, t, counts); return;
+    case 8: count_wider_fixed<8, I, Arch>(d, count, t, counts); return;
+    default: return;
+  }
+}
+
+// Writes the block-relative positions of the gaps wider than b bits to pos (ascending) and
+// returns how many there are. x86: a compare and a movemask per vector, then the set bits of
+// the mask; elsewhere a branch-free scalar loop. (Branching per gap would mispredict on every
+// exception.)
+template <class I>
+std::size_t exception_positions(const I* d, std::size_t count, unsigned b, std::uint8_t* pos) noexcept {
+  std::size_t q = 0;
+  std::size_t j = 0;
+#if defined(__AVX2__) || defined(__SSE2__)
+  if constexpr (sizeof(I) == 4) {
+    // Unsigned d > 2^b - 1, as a signed compare after flipping the sign bits.
+    const std::uint32_t limit = low_mask32(b) ^ 0x80000000u;
+#if defined(__AVX2__)
+    const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+    const __m256i lim = _mm256_set1_epi32(static_cast<int>(limit));
+    for (; j + 8 <= count; j += 8) {
+      const __m256i v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + j)), sign);
+      auto m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(v, lim))));
+      while (m != 0) {
+        pos[q++] = static_cast<std::uint8_t>(j + static_cast<std::size_t>(std::countr_zero(m)));
+        m &= m - 1;
+      }
+    }
+#else
+    const __m128i sign = _mm_set1_epi32(static_cast<int>(0x80000000u));
+    const __m128i lim = _mm_set1_epi32(static_cast<int>(limit));
+    for (; j + 4 <= count; j += 4) {
+      const __m128i v = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + j)), sign);
+      auto m = static_cast<unsigned>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(v, lim))));
+      while (m != 0) {
+        pos[q++] = static_cast<std::uint8_t>(j + static_cast<std::size_t>(std::countr_zero(m)));
+        m &= m - 1;
+      }
+    }
+#endif
+  }
+#endif
+  for (; j < count; ++j) {
+    pos[q] = static_cast<std::uint8_t>(j);
+    q += (static_cast<std::uint64_t>(d[j]) >> b) != 0 ? 1 : 0;
+  }
+  return q;
+}
+
+// Encodes one block of count (1..256) gaps whose sum is `gap_sum`; returns its bytes and adds
+// the bytes of the same gaps as varints to `varint_total`.
+//
+// Each gap costs b low bits; a gap wider than b also costs a position byte and the varint of
+// its w - b high bits, that is #{m >= 0 : w > b + 7m} bytes; so the cost of b needs "how many
+// gaps are wider than t" for t = b, b + 7, ... below the largest width w_max (and varint sizes
+// the same at t = 7, 14, ...). The width is the cheapest of every b in 0..min(w_max, 32) for
+// short blocks and when w_max <= 8; otherwise (full blocks of wide gaps) of the candidates that
+// matter for geometric gaps of mean g, whose optimum lies near log2(g) + 1.85: the widths of
+// about g/2, g, 2g and 4g, and w_max itself (no exceptions).
+template <class I, class Arch>
+std::size_t encode_block(const I* d, std::size_t count, I any, std::uint64_t gap_sum, std::byte* out,
                          std::uint64_t& varint_total) noexcept {
   constexpr unsigned gap_bits = sizeof(I) * 8;
   const unsigned wmax = static_cast<unsigned>(std::bit_width(any));
-  // Histogram of gap bit widths, in four interleaved copies so that runs of equal widths do
-  // not serialise on the same counter.
-  std::array<std::array<std::uint16_t, 68>, 4> h{};
-  std::size_t j = 0;
-  for (; j + 4 <= count; j += 4) {
-    ++h[0][std::bit_width(d[j])];
-    ++h[1][std::bit_width(d[j + 1])];
-    ++h[2][std::bit_width(d[j + 2])];
-    ++h[3][std::bit_width(d[j + 3])];
+  const unsigned b_hi = std::min(wmax, wire::max_block_bits);
+  unsigned candidates[wire::max_block_bits + 1];
+  std::size_t n_candidates = 0;
+  if (count < wire::block_elements || wmax <= 8) {
+    for (unsigned b = b_hi + 1; b-- > 0;) candidates[n_candidates++] = b;  // ties: the wider (fewer exceptions)
+  } else {
+    const auto mean_bits = static_cast<unsigned>(std::bit_width(gap_sum / count));
+    candidates[n_candidates++] = b_hi;
+    for (unsigned b = mean_bits > 0 ? mean_bits - 1 : 0; b <= mean_bits + 2 && b < b_hi; ++b) {
+      candidates[n_candidates++] = b;
+    }
   }
-  for (; j < count; ++j) ++h[0][std::bit_width(d[j])];
-  // above[t] = number of gaps wider than t bits.
-  std::array<std::uint32_t, 66> above{};
-  std::uint32_t acc = 0;
-  for (unsigned w = 64; w >= 1; --w) {
-    acc += static_cast<std::uint32_t>(h[0][w] + h[1][w] + h[2][w] + h[3][w]);
-    above[w - 1] = acc;
+  // Thresholds the costs need (bit t of `needed`), counted eight at a time.
+  std::uint64_t needed = 0;
+  for (unsigned t = 7; t < wmax; t += 7) needed |= std::uint64_t{1} << t;
+  for (std::size_t c = 0; c < n_candidates; ++c) {
+    for (unsigned t = candidates[c]; t < wmax; t += 7) needed |= std::uint64_t{1} << t;
   }
-  // A gap of w bits takes max(1, ceil(w / 7)) varint bytes: 1 + #{m >= 1 : w > 7m}.
+  std::uint32_t wider_than[64];  // valid where `needed` has the bit
+  while (needed != 0) {
+    unsigned t[8];
+    std::uint32_t c[8];
+    std::size_t k = 0;
+    for (; k < 8 && needed != 0; ++k) {
+      t[k] = static_cast<unsigned>(std::countr_zero(needed));
+      needed &= needed - 1;
+    }
+    count_wider<I, Arch>(d, count, t, k, c);
+    for (std::size_t i = 0; i < k; ++i) wider_than[t[i]] = c[i];
+  }
+  auto above = [&](unsigned t) -> std::uint32_t { return t < wmax ? wider_than[t] : 0; };
   std::uint64_t vb = count;
-  for (unsigned t = 7; t < 64; t += 7) vb += above[t];
+  for (unsigned t = 7; t < wmax; t += 7) vb += above(t);
   varint_total += vb;
 
-  // Pick the width with the fewest bytes: low bits of every gap, plus for each gap wider than
-  // b one position byte and the varint of its high bits (a gap of w > b bits has w - b high
-  // bits: ceil((w - b) / 7) bytes = #{m >= 0 : w > b + 7m}).
-  const unsigned b_hi = std::min(wmax, wire::max_block_bits);
-  const unsigned b_lo = b_hi > 10 ? b_hi - 10 : 0;
   unsigned best_b = b_hi;
   std::size_t best_cost = std::numeric_limits<std::size_t>::max();
-  for (unsigned b = b_hi + 1; b-- > b_lo;) {
-    std::size_t cost = block_low_bytes(count, b) + above[b];
-    for (unsigned t = b; t < 64; t += 7) cost += above[t];
+  for (std::size_t c = 0; c < n_candidates; ++c) {
+    const unsigned b = candidates[c];
+    std::size_t cost = block_low_bytes(count, b) + above(b);
+    for (unsigned t = b; t < wmax; t += 7) cost += above(t);
     if (cost < best_cost) {
       best_cost = cost;
       best_b = b;
     }
   }
   const unsigned b = best_b;
-  const std::size_t exceptions = above[b];
+  const std::size_t exceptions = above(b);
 
   out[0] = static_cast<std::byte>(b);
   store_le<std::uint16_t>(out + 1, static_cast<std::uint16_t>(exceptions));
   std::byte* p = out + wire::block_header_bytes;
-  alignas(64) std::uint32_t low[wire::block_elements];
-  const std::uint32_t mask = low_mask32(b);
-  for (std::size_t i = 0; i < count; ++i) low[i] = static_cast<std::uint32_t>(d[i]) & mask;
-  if (count == wire::block_elements) {
-    pack_vertical<Arch>(low, b, p);
+  if constexpr (sizeof(I) == 4) {
+    // Both packers keep only the low b bits.
+    if (count == wire::block_elements) {
+      pack_vertical<Arch>(d, b, p);
+    } else {
+      pack_horizontal(d, count, b, p);
+    }
   } else {
-    pack_horizontal(low, count, b, p);
+    alignas(64) std::uint32_t low[wire::block_elements];
+    const std::uint32_t mask = low_mask32(b);
+    for (std::size_t i = 0; i < count; ++i) low[i] = static_cast<std::uint32_t>(d[i]) & mask;
+    if (count == wire::block_elements) {
+      pack_vertical<Arch>(low, b, p);
+    } else {
+      pack_horizontal(low, count, b, p);
+    }
   }
   p += block_low_bytes(count, b);
   if (exceptions != 0 && b < gap_bits) {
-    std::byte* positions = p;
+    auto* positions = reinterpret_cast<std::uint8_t*>(p);
+    const std::size_t found = exception_positions(d, count, b, positions);
+    STELLATRAIN_ASSERT(found == exceptions, "exception count");
+    (void)found;
     std::byte* high = p + exceptions;
-    for (std::size_t i = 0; i < count; ++i) {
-      const std::uint64_t hv = static_cast<std::uint64_t>(d[i]) >> b;
-      if (hv != 0) {
-        *positions++ = static_cast<std::byte>(i);
-        high = write_varint(high, hv);
-      }
-    }
+    for (std::size_t q = 0; q < exceptions; ++q) high = write_varint(high, static_cast<std::uint64_t>(d[positions[q]]) >> b);
     p = high;
   }
   return static_cast<std::size_t>(p - out);
@@ -187,7 +306,9 @@ chunk_encoding encode_bitpacked_chunk(const I* idx, std::size_t count, std::uint
         expect = static_cast<std::uint64_t>(idx[begin + j]) + 1;
       }
     }
-    p += encode_block<I, Arch>(d, n, any, p, r.varint_bytes);
+    // The gaps add up to the distance from the base to the last index, less one per index.
+    const std::uint64_t gap_sum = static_cast<std::uint64_t>(idx[begin + n - 1]) - b0 - (n - 1);
+    p += encode_block<I, Arch>(d, n, any, gap_sum, p, r.varint_bytes);
     b0 = static_cast<std::uint64_t>(idx[begin + n - 1]) + 1;
     if (b0 == 0 && begin + n < count) [[unlikely]] {  // 2^64 - 1 followed by more indices
       r.bad_position = begin + n;
@@ -300,28 +421,37 @@ bool decode_bitpacked_chunk(const std::byte*& p, const std::byte* end, std::uint
       high[q] = hv << b;
       p = next;
     }
-    // The block's indices are base + j + (prefix sums of the gaps); check the last one first
-    // (all others lie below it), then store.
-    std::uint64_t sum = n;
-    for (std::size_t j = 0; j < n; ++j) sum += low[j];
-    bool overflow = false;
-    for (std::size_t q = 0; q < e; ++q) overflow |= __builtin_add_overflow(sum, high[q], &sum);
+    // The block's indices are base + j + (prefix sums of the gaps). Validation (Out = void)
+    // checks only the last one (all others lie below it); decoding runs after validation and
+    // stores them all.
     std::uint64_t next_base = 0;
-    overflow |= __builtin_add_overflow(base, sum, &next_base);
-    if (overflow) return fail(f, errc::out_of_range, where() + ": indices pass 2^64");
-    if constexpr (!std::is_void_v<Out>) {
+    if constexpr (std::is_void_v<Out>) {
+      std::uint64_t sum = n;
+      for (std::size_t j = 0; j < n; ++j) sum += low[j];
+      bool overflow = false;
+      for (std::size_t q = 0; q < e; ++q) overflow |= __builtin_add_overflow(sum, high[q], &sum);
+      overflow |= __builtin_add_overflow(base, sum, &next_base);
+      if (overflow) return fail(f, errc::out_of_range, where() + ": indices pass 2^64");
+    } else if constexpr (sizeof(Out) == 4) {
+      // Valid data keeps every gap and index below 2^32 (the tensor fits 32-bit indices).
+      for (std::size_t q = 0; q < e; ++q) low[pos[q]] += static_cast<std::uint32_t>(high[q]);
       Out* o = out + begin;
-      auto acc = static_cast<Out>(base);
+      store_indices_u32<Arch>(low, n, static_cast<std::uint32_t>(base), o);
+      next_base = static_cast<std::uint64_t>(o[n - 1]) + 1;
+    } else {
+      Out* o = out + begin;
+      std::uint64_t acc = base;
       std::size_t j = 0;
       for (std::size_t q = 0; q <= e; ++q) {
         const std::size_t stop = q < e ? pos[q] : n;
         for (; j < stop; ++j) {
-          acc = static_cast<Out>(acc + low[j]);
+          acc += low[j];
           o[j] = acc;
           ++acc;
         }
-        if (q < e) acc = static_cast<Out>(acc + high[q]);
+        if (q < e) acc += high[q];
       }
+      next_base = acc;
     }
     base = next_base;
   }

@@ -36,8 +36,8 @@ inline bool cpu_has_f16c() noexcept {
     if (!(osxsave && avx && f16c)) return false;
     unsigned lo = 0, hi = 0;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    (void)hi;
-    return (lo & 6u) == 6u;
+    const std::uint64_t xcr0 = (static_cast<std::uint64_t>(hi) << 32) | lo;
+    return (xcr0 & 6u) == 6u;  // the OS saves the XMM and YMM registers
   }();
   return has;
 }
