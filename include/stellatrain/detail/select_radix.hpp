@@ -114,7 +114,7 @@ select_outcome radix_select_full(Ex& ex, const Reader& rd, std::uint64_t n, std:
     const std::uint32_t bin_hi = std::min(hi, bin_lo + ((1u << shift) - 1u));
     const std::uint64_t at_or_above = above + total[d];
     if (at_or_above <= ws.capacity()) {
-      const collect_result r = collect_candidates<Arch>(ex, rd, n, bin_lo, {0, 0}, ws);
+      [[maybe_unused]] const collect_result r = collect_candidates<Arch>(ex, rd, n, bin_lo, {0, 0}, ws);
       ++outcome.passes;
       STELLATRAIN_ASSERT(!r.overflow && r.count == at_or_above, "radix_select_full: recount differs");
       const kth_key kth = find_kth_candidate(ws, k, key_mask);
