@@ -66,12 +66,16 @@ struct candidate_workspace {
   aligned_buffer<std::uint32_t> keys;   // scratch: samples, narrowed keys
   aligned_buffer<candidate_segment> segments;
   aligned_buffer<emit_group> groups;
+  aligned_buffer<std::uint64_t> piece_hist;  // per-piece histograms of the k-th search
   std::uint64_t count = 0;          // candidates in the store after a pass
   std::uint64_t segment_count = 0;  // segments after a pass (sorted by position)
   std::uint32_t low_key = 0;        // every stored key is >= this (the pass's bound)
   std::uint32_t max_key = 0;        // the largest stored key
 
   [[nodiscard]] std::uint64_t capacity() const noexcept { return local.size(); }
+
+  /// At most this many pieces split the scans of the k-th search (256 KiB of histograms).
+  static constexpr std::uint64_t max_pieces = 16;
 
   /// Room for `capacity` candidates of a tensor of `n` elements and `scratch` scratch keys.
   template <executor Ex>
@@ -88,6 +92,9 @@ struct candidate_workspace {
     if (segs > segments.size()) {
       segments = aligned_buffer<candidate_segment>(segs, opts, ex);
       groups = aligned_buffer<emit_group>(segs, opts, ex);
+    }
+    if (max_pieces * radix_bins > piece_hist.size()) {
+      piece_hist = aligned_buffer<std::uint64_t>(max_pieces * radix_bins, opts, ex);
     }
   }
 };
@@ -315,8 +322,32 @@ inline void histogram_keys(const std::uint32_t* keys, std::uint64_t count, std::
   }
 }
 
-/// Range and first-level histogram of the stored candidates (ws.count >= 1).
-inline void kth_first_level(const candidate_workspace& ws, std::uint32_t key_mask, kth_search& s) {
+// How many pieces the scans over the stored candidates are cut into: one per 64K candidates,
+// at most 4 per thread (a single piece runs on the calling thread).
+template <executor Ex>
+[[nodiscard]] std::uint64_t candidate_pieces(Ex& ex, std::uint64_t count) noexcept {
+  const std::uint64_t by_size = count / 65536;
+  const std::uint64_t by_threads = 4 * static_cast<std::uint64_t>(std::max<std::size_t>(ex.concurrency(), 1));
+  return std::clamp<std::uint64_t>(std::min(by_size, by_threads), 1, candidate_workspace::max_pieces);
+}
+
+// Calls fn(piece, begin, end) for `pieces` near-equal pieces of [0, count).
+template <executor Ex, class Fn>
+void for_each_piece(Ex& ex, std::uint64_t count, std::uint64_t pieces, Fn&& fn) {
+  auto run = [&](std::size_t p) {
+    fn(static_cast<std::uint64_t>(p), count * p / pieces, count * (p + 1) / pieces);
+  };
+  if (pieces == 1) {
+    run(0);
+  } else {
+    ex.bulk(static_cast<std::size_t>(pieces), run);
+  }
+}
+
+/// Range and first-level histogram of the stored candidates (ws.count >= 1), the histogram
+/// split across the executor for large stores.
+template <executor Ex>
+void kth_first_level(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kth_search& s) {
   const std::uint32_t* const bits = ws.bits.data();
   // The pass's bound and the largest key it met enclose every stored key.
   const std::uint32_t lo = std::min(ws.low_key, ws.max_key);
@@ -326,12 +357,43 @@ inline void kth_first_level(const candidate_workspace& ws, std::uint32_t key_mas
   s.shift = radix_shift(hi - lo);
   s.bins = ((hi - lo) >> s.shift) + 1;
   std::fill_n(s.hist.begin(), s.bins, std::uint64_t{0});
-  histogram_keys(bits, ws.count, key_mask, lo, s.shift, s.bins, s.hist.data());
+  const std::uint64_t pieces = candidate_pieces(ex, ws.count);
+  if (pieces == 1) {
+    histogram_keys(bits, ws.count, key_mask, lo, s.shift, s.bins, s.hist.data());
+    return;
+  }
+  std::uint64_t* const part = ws.piece_hist.data();
+  for_each_piece(ex, ws.count, pieces, [&](std::uint64_t p, std::uint64_t b, std::uint64_t e) {
+    std::uint64_t* h = part + p * radix_bins;
+    std::fill_n(h, s.bins, std::uint64_t{0});
+    histogram_keys(bits + b, e - b, key_mask, lo, s.shift, s.bins, h);
+  });
+  for (std::uint64_t p = 0; p < pieces; ++p) {
+    for (std::uint32_t d = 0; d < s.bins; ++d) s.hist[d] += part[p * radix_bins + d];
+  }
+}
+
+// Copies the keys of [b, e) of `src` (masked) that lie in [bin_lo, bin_hi] to `dst` from its
+// start; returns how many, and widens [lo, hi] to them. Branch-free.
+inline std::uint64_t keep_bin(const std::uint32_t* src, std::uint64_t b, std::uint64_t e, std::uint32_t mask,
+                              std::uint32_t bin_lo, std::uint32_t bin_hi, std::uint32_t* dst, std::uint32_t& lo,
+                              std::uint32_t& hi) noexcept {
+  std::uint64_t kept = 0;
+  for (std::uint64_t j = b; j < e; ++j) {
+    const std::uint32_t key = src[j] & mask;
+    dst[kept] = key;
+    const bool in = key - bin_lo <= bin_hi - bin_lo;  // bin_lo <= key <= bin_hi
+    kept += in ? 1u : 0u;
+    lo = in ? std::min(lo, key) : lo;
+    hi = in ? std::max(hi, key) : hi;
+  }
+  return kept;
 }
 
 /// The k-th largest stored key (1 <= k <= ws.count) from a first level: each further level
 /// keeps only the bin that holds the k-th key (so it touches few keys), in `ws.keys`.
-inline kth_key kth_resolve(candidate_workspace& ws, std::uint32_t key_mask, const kth_search& s, std::uint64_t k) {
+template <executor Ex>
+kth_key kth_resolve(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, const kth_search& s, std::uint64_t k) {
   STELLATRAIN_ASSERT(k >= 1 && k <= ws.count, "kth_resolve: k out of range");
   const std::uint32_t* const bits = ws.bits.data();
   std::uint32_t* const keys = ws.keys.data();
@@ -360,25 +422,48 @@ inline kth_key kth_resolve(candidate_workspace& ws, std::uint32_t key_mask, cons
     const std::uint32_t bin_lo = lo + (d << shift);
     if (shift == 0) return {bin_lo, above};
     const std::uint32_t bin_hi = bin_lo + ((1u << shift) - 1u);
-    // Keep the keys of bin d, tightening [lo, hi] to what they span.
-    std::uint64_t kept = 0;
+    // Keep the keys of bin d, tightening [lo, hi] to what they span. The first level reads
+    // the whole store: in pieces, each writing at its own place, then packed together.
     std::uint32_t new_lo = bin_hi;
     std::uint32_t new_hi = bin_lo;
-    const std::uint32_t* src = first ? bits : keys;
-    const std::uint32_t mask = first ? key_mask : 0xffffffffu;
-    for (std::uint64_t j = 0; j < count; ++j) {
-      const std::uint32_t key = src[j] & mask;
-      keys[kept] = key;
-      const bool in = key - bin_lo <= bin_hi - bin_lo;  // bin_lo <= key <= bin_hi, branch-free
-      kept += in ? 1u : 0u;
-      new_lo = in ? std::min(new_lo, key) : new_lo;
-      new_hi = in ? std::max(new_hi, key) : new_hi;
+    const std::uint64_t pieces = first ? candidate_pieces(ex, count) : 1;
+    if (pieces == 1) {
+      count = keep_bin(first ? bits : keys, 0, count, first ? key_mask : 0xffffffffu, bin_lo, bin_hi, keys, new_lo,
+                       new_hi);
+    } else {
+      std::uint64_t* const info = ws.piece_hist.data();  // per piece: kept, lo, hi
+      for_each_piece(ex, count, pieces, [&](std::uint64_t p, std::uint64_t b, std::uint64_t e) {
+        std::uint32_t plo = bin_hi;
+        std::uint32_t phi = bin_lo;
+        info[3 * p] = keep_bin(bits, b, e, key_mask, bin_lo, bin_hi, keys + b, plo, phi);
+        info[3 * p + 1] = plo;
+        info[3 * p + 2] = phi;
+      });
+      std::uint64_t kept = 0;
+      for (std::uint64_t p = 0; p < pieces; ++p) {
+        const std::uint64_t b = count * p / pieces;
+        std::memmove(keys + kept, keys + b, info[3 * p] * sizeof(std::uint32_t));
+        kept += info[3 * p];
+        if (info[3 * p] > 0) {
+          new_lo = std::min(new_lo, static_cast<std::uint32_t>(info[3 * p + 1]));
+          new_hi = std::max(new_hi, static_cast<std::uint32_t>(info[3 * p + 2]));
+        }
+      }
+      count = kept;
     }
     first = false;
-    count = kept;
     lo = new_lo;
     hi = new_hi;
   }
+}
+
+/// The k-th largest magnitude key among the stored candidates (1 <= k <= ws.count): radix
+/// narrowing with 11-bit digits over the range of the keys actually present.
+template <executor Ex>
+kth_key find_kth_candidate(Ex& ex, candidate_workspace& ws, std::uint64_t k, std::uint32_t key_mask) {
+  kth_search s;
+  kth_first_level(ex, ws, key_mask, s);
+  return kth_resolve(ex, ws, key_mask, s, k);
 }
 
 /// A lower bound of the k-th largest stored key (1 <= k <= ws.count) from the first level
@@ -388,14 +473,6 @@ inline kth_key kth_resolve(candidate_workspace& ws, std::uint32_t key_mask, cons
   std::uint64_t cum = 0;
   while (d > 0 && cum + s.hist[d] < k) cum += s.hist[d--];
   return s.lo + (d << s.shift);
-}
-
-/// The k-th largest magnitude key among the stored candidates (1 <= k <= ws.count): radix
-/// narrowing with 11-bit digits over the range of the keys actually present.
-inline kth_key find_kth_candidate(candidate_workspace& ws, std::uint64_t k, std::uint32_t key_mask) {
-  kth_search s;
-  kth_first_level(ws, key_mask, s);
-  return kth_resolve(ws, key_mask, s, k);
 }
 
 /// Calls `emit(out, index, bits)` for the selected candidates, in ascending index order with
@@ -510,22 +587,37 @@ void emit_all_with_fill(const candidate_workspace& ws, std::uint64_t fill, std::
 /// `jitter`, else at its start: a strided sample): the key of sample rank
 /// target / n * samples + z * sqrt(that) + 1, so that with high probability at least `target`
 /// elements reach it. Never 0 (0 would keep every zero; 1 keeps every non-zero). `scratch`
-/// holds `samples` keys. Reads through `peek`: no side effects.
-template <class Source>
-std::uint32_t sample_low_key(const Source& src, std::uint64_t n, std::uint64_t target,
-                             std::uint64_t samples, double z, bool jitter, std::uint32_t* scratch) {
+/// holds `samples` keys. Reads through `peek` (no side effects), split across the executor.
+template <executor Ex, class Source>
+std::uint32_t sample_low_key(Ex& ex, const Source& src, std::uint64_t n, std::uint64_t target, std::uint64_t samples,
+                             double z, bool jitter, std::uint32_t* scratch) {
   samples = std::clamp<std::uint64_t>(samples, 1, n);
   const std::uint64_t stride = n / samples;
-  for (std::uint64_t j = 0; j < samples; ++j) {
-    const std::uint64_t pos = j * stride + (jitter ? mix64(j) % stride : 0);
-    scratch[j] = src.peek(pos) & Source::key_mask;
-  }
+  const std::uint64_t pieces = std::clamp<std::uint64_t>(samples / 4096, 1, std::max<std::size_t>(ex.concurrency(), 1));
+  for_each_piece(ex, samples, pieces, [&](std::uint64_t, std::uint64_t b, std::uint64_t e) {
+    for (std::uint64_t j = b; j < e; ++j) {
+      const std::uint64_t pos = j * stride + (jitter ? mix64(j) % stride : 0);
+      scratch[j] = src.peek(pos) & Source::key_mask;
+    }
+  });
   const double expected = static_cast<double>(target) / static_cast<double>(n) * static_cast<double>(samples);
   const double want = std::ceil(expected + z * std::sqrt(expected) + 1.0);
   const auto rank = static_cast<std::uint64_t>(std::clamp(want, 1.0, static_cast<double>(samples)));
-  std::nth_element(scratch, scratch + (rank - 1), scratch + samples,
-                   [](std::uint32_t a, std::uint32_t b) { return a > b; });
-  return std::max<std::uint32_t>(scratch[rank - 1], 1);
+  // The rank-th largest sample key: the 11-bit bin of the top bits that holds it, then an
+  // nth_element among the few keys of that bin.
+  constexpr int shift = std::bit_width(Source::key_mask) - static_cast<int>(radix_bits);
+  std::array<std::uint32_t, radix_bins> hist{};
+  for (std::uint64_t j = 0; j < samples; ++j) ++hist[scratch[j] >> shift];
+  std::uint32_t d = radix_bins - 1;
+  std::uint64_t above = 0;
+  while (above + hist[d] < rank) above += hist[d--];
+  std::uint64_t m = 0;
+  for (std::uint64_t j = 0; j < samples; ++j) {
+    if ((scratch[j] >> shift) == d) scratch[m++] = scratch[j];
+  }
+  const std::uint64_t r = rank - above;  // 1 <= r <= m
+  std::nth_element(scratch, scratch + (r - 1), scratch + m, [](std::uint32_t a, std::uint32_t b) { return a > b; });
+  return std::max<std::uint32_t>(scratch[r - 1], 1);
 }
 
 }  // namespace stellatrain::detail

@@ -103,9 +103,9 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
       outcome.passes += 1;
       ++state.fallbacks;
     } else if (band.count >= k) {
-      kth_first_level(ws, key_mask, first_level);
+      kth_first_level(ex, ws, key_mask, first_level);
       have_first_level = true;
-      const kth_key kth = kth_resolve(ws, key_mask, first_level, k);
+      const kth_key kth = kth_resolve(ex, ws, key_mask, first_level, k);
       emit_candidates(ex, ws, key_mask, kth, k, emit);
       outcome.kth_key = kth.key;
       outcome.count = k;
@@ -129,7 +129,7 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
   if (outcome.candidates_valid && ws.count >= target) {
     // The floor of the bin that holds rank `target`: within 1/2048 of the band's range below
     // the exact key, which only widens the next band by a hair.
-    if (!have_first_level) kth_first_level(ws, key_mask, first_level);
+    if (!have_first_level) kth_first_level(ex, ws, key_mask, first_level);
     next = std::max<std::uint32_t>(kth_floor(first_level, target), 1);
   } else if (!bootstrap && !band.overflow) {
     const float l0 = magnitude_of_key<T>(state.low_key);
