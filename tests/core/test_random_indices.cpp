@@ -143,3 +143,76 @@ TEST_CASE("sample_sorted_indices rejects bad arguments", "[random_indices]") {
   CHECK_THROWS_AS(sample_sorted_indices<std::uint32_t>({}, (std::uint64_t{1} << 32) + 1, 1, out, ws2),
                   error);  // index type
 }
+
+namespace {
+
+// The documented definition, written plainly (random_stream, Floyd, a set, a sort): the
+// library's faster implementation must give exactly this.
+std::vector<std::uint64_t> floyd_by_definition(random_key key, std::uint64_t n, std::uint64_t k) {
+  k = std::min(k, n);
+  const bool complement = k > n / 2;
+  const std::uint64_t m = complement ? n - k : k;
+  random_stream rng(key);
+  std::vector<bool> in(n, false);
+  for (std::uint64_t j = n - m; j < n; ++j) {
+    const std::uint64_t t = rng.uniform_below(j + 1);
+    in[in[t] ? j : t] = true;
+  }
+  std::vector<std::uint64_t> out;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    if (in[i] != complement) out.push_back(i);
+  }
+  return out;
+}
+
+std::uint64_t fnv1a(const std::vector<std::uint64_t>& v) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::uint64_t x : v) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= (x >> (8 * b)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("sample_sorted_indices follows its documented definition exactly", "[random_indices]") {
+  for (std::uint64_t n : {1, 2, 63, 64, 65, 127, 1000, 4097, 100'003}) {
+    for (std::uint64_t k : {std::uint64_t{1}, std::uint64_t{3}, n / 20, n / 16, n / 16 + 1, n / 3, n / 2, n / 2 + 1,
+                            n - 2, n}) {
+      for (std::uint32_t step : {0u, 1u, 77u}) {
+        CAPTURE(n, k, step);
+        const random_key key{.seed = 0x1234567890abcdefull, .step = step, .tensor = 9};
+        REQUIRE(sample<std::uint64_t>(key, n, k) == floyd_by_definition(key, n, k));
+      }
+    }
+  }
+}
+
+TEST_CASE("sample_sorted_indices: pinned outputs", "[random_indices]") {
+  // Computed with the first implementation (plain random_stream draws, plain bitmap scan):
+  // any later implementation must reproduce them, or receivers would regenerate other sets.
+  struct pinned {
+    random_key key;
+    std::uint64_t n;
+    std::uint64_t k;
+    std::uint64_t hash;
+    std::vector<std::uint64_t> first;
+  };
+  const pinned cases[] = {
+      {{1, 0, 0}, 1000, 10, 0x7c325285e8384ab1ull, {36, 53, 553, 652, 662}},
+      {{42, 7, 3}, 100, 70, 0xbffcad8851375be1ull, {2, 3, 4, 5, 7}},
+      {{5, 1, 2}, 1'000'000, 10'000, 0x46be6dbe5084575dull, {98, 517, 740, 776, 869}},
+      {{9, 123, 4}, 1'000'000, 600'000, 0x7d10fa4ba0ff1d5cull, {0, 1, 2, 3, 4}},
+      {{0xdeadbeefcafef00dull, 4000000000u, 77}, 50'000'000, 250'000, 0x50bbbd06200da867ull, {192, 681, 689, 874, 1161}},
+      {{3, 3, 3}, 1'000'003, 500, 0x12dc4c057258be43ull, {360, 1032, 1626, 12408, 13388}},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.n, c.k);
+    const auto s = sample<std::uint64_t>(c.key, c.n, c.k);
+    REQUIRE(std::vector<std::uint64_t>(s.begin(), s.begin() + 5) == c.first);
+    REQUIRE(fnv1a(s) == c.hash);
+  }
+}

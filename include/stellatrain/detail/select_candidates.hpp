@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 
 namespace stellatrain::detail {
 
@@ -65,10 +66,16 @@ struct candidate_workspace {
   aligned_buffer<std::uint32_t> keys;   // scratch: samples, narrowed keys
   aligned_buffer<candidate_segment> segments;
   aligned_buffer<emit_group> groups;
+  aligned_buffer<std::uint64_t> piece_hist;  // per-piece histograms of the k-th search
   std::uint64_t count = 0;          // candidates in the store after a pass
   std::uint64_t segment_count = 0;  // segments after a pass (sorted by position)
+  std::uint32_t low_key = 0;        // every stored key is >= this (the pass's bound)
+  std::uint32_t max_key = 0;        // the largest stored key
 
   [[nodiscard]] std::uint64_t capacity() const noexcept { return local.size(); }
+
+  /// At most this many pieces split the scans of the k-th search (256 KiB of histograms).
+  static constexpr std::uint64_t max_pieces = 16;
 
   /// Room for `capacity` candidates of a tensor of `n` elements and `scratch` scratch keys.
   template <executor Ex>
@@ -86,6 +93,9 @@ struct candidate_workspace {
       segments = aligned_buffer<candidate_segment>(segs, opts, ex);
       groups = aligned_buffer<emit_group>(segs, opts, ex);
     }
+    if (max_pieces * radix_bins > piece_hist.size()) {
+      piece_hist = aligned_buffer<std::uint64_t>(max_pieces * radix_bins, opts, ex);
+    }
   }
 };
 
@@ -93,12 +103,49 @@ struct candidate_workspace {
 struct collect_result {
   std::uint64_t count = 0;     // elements whose key reached the bound (also when not all fit)
   bool overflow = false;       // the store was too small: candidates were dropped, store unusable
-  std::uint64_t at_or_above[2] = {0, 0};  // elements whose key reached each extra count key
+  // Estimated number of elements whose key reaches each extra count key: 4x the count over
+  // the first 32 of every 128 elements of each chunk (a fixed pattern, the same on every
+  // architecture, a quarter of the compares).
+  std::uint64_t at_or_above[2] = {0, 0};
 };
+
+// Vectors per block of the two-phase pass: 64 masks fit one 64-bit map.
+inline constexpr std::uint64_t pass_block_vectors = 64;
+// How far ahead the pass prefetches, in bytes: enough lines in flight to stream from DRAM
+// while the loop spends more instructions per line than a plain read.
+inline constexpr std::uint64_t prefetch_bytes = 2048;
+
+// Bit j set where byte j of `w` is non-zero.
+[[nodiscard]] constexpr std::uint64_t nonzero_bytes(std::uint64_t w) noexcept {
+  const std::uint64_t high = (((w & 0x7f7f7f7f7f7f7f7full) + 0x7f7f7f7f7f7f7f7full) | w) & 0x8080808080808080ull;
+  return (high * 0x0002040810204081ull) >> 56;
+}
+
+// Bit j set where masks[j] is non-zero (j < count; masks padded with zeros to a multiple of 8).
+template <class Mask>
+[[nodiscard]] inline std::uint64_t nonzero_map(const Mask* masks, std::uint64_t count) noexcept {
+  std::uint64_t map = 0;
+  if constexpr (sizeof(Mask) == 1) {
+    for (std::uint64_t w = 0; w * 8 < count; ++w) {
+      std::uint64_t word;
+      std::memcpy(&word, masks + 8 * w, 8);
+      map |= nonzero_bytes(word) << (8 * w);
+    }
+  } else {
+    for (std::uint64_t j = 0; j < count; ++j) map |= static_cast<std::uint64_t>(masks[j] != 0) << j;
+  }
+  return map;
+}
 
 /// One pass over `n` elements of `src`: stores every element whose magnitude key is at least
 /// `low_key` (offset in chunk and raw bits), grouped in segments sorted by position; with
-/// `Counters` > 0 also counts the elements whose key reaches `count_keys[j]`.
+/// `Counters` > 0 also estimates how many elements reach `count_keys[j]`.
+///
+/// The SIMD loop works in blocks of 64 vectors: phase 1 streams the block (prefetching ahead,
+/// applying the source's transformation) and keeps one comparison mask per vector; phase 2
+/// revisits, from L1, only the vectors whose mask is non-zero and compresses their selected
+/// lanes. Phase 1 has no data-dependent branch, so the stream never stalls on a
+/// misprediction and costs a handful of instructions per vector.
 template <class Arch, int Counters = 0, class Source, executor Ex>
 collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, std::uint32_t low_key,
                                   const std::array<std::uint32_t, 2>& count_keys,
@@ -111,11 +158,13 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
   std::atomic<bool> overflow{false};
   std::atomic<std::uint64_t> above0{0};
   std::atomic<std::uint64_t> above1{0};
+  std::atomic<std::uint32_t> max_key{0};
   const std::uint64_t cap = ws.capacity();
   const std::uint64_t seg_cap = ws.segments.size();
   std::uint32_t* const store_local = ws.local.data();
   std::uint32_t* const store_bits = ws.bits.data();
   candidate_segment* const segs = ws.segments.data();
+  const auto rd = src.reread();
 
   for_each_chunk(ex, n, select_grain, [&](std::uint64_t b, std::uint64_t e) {
     alignas(64) std::uint32_t st_local[staging_entries + staging_slack];
@@ -141,37 +190,51 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
     };
     std::uint64_t cnt0 = 0;
     std::uint64_t cnt1 = 0;
+    std::uint32_t chunk_max = 0;
     std::uint64_t i = b;
     if constexpr (!is_scalar_arch<Arch>) {
       using ops = lane_ops<Arch>;
       using ibatch = typename ops::ibatch;
-      constexpr std::uint32_t w = static_cast<std::uint32_t>(ops::width);
+      using mask_type = std::conditional_t<(ops::width > 8), std::uint16_t, std::uint8_t>;
+      constexpr std::uint64_t w = ops::width;
+      constexpr std::uint64_t line = cache_line_bytes / sizeof(typename Source::value_type);
+      constexpr std::uint64_t ahead = prefetch_bytes / sizeof(typename Source::value_type);
       const ibatch kmask(static_cast<std::int32_t>(key_mask));
       // key >= low_key  <=>  key > low_key - 1 (low_key <= 2^31 - 1, so this is -1 for 0).
       const ibatch low(static_cast<std::int32_t>(low_key) - 1);
       const ibatch edge0(static_cast<std::int32_t>(count_keys[0]) - 1);
       const ibatch edge1(static_cast<std::int32_t>(count_keys[1]) - 1);
-      const ibatch step(static_cast<std::int32_t>(w));
-      ibatch lane = ops::iota();
       ibatch acc0(0);
       ibatch acc1(0);
-      for (; i + w <= e; i += w) {
-        const ibatch v = src.template load<Arch>(i);
-        const ibatch key = v & kmask;
-        const std::uint32_t m = ops::mask_bits(key > low);
-        if constexpr (ops::branchless_compress) {
-          c += ops::compress2(m, lane, v, st_local + c, st_bits + c);
-          if (c > staging_entries - w) [[unlikely]] flush();
-        } else {
-          if (m != 0) [[unlikely]] {
-            c += ops::compress2(m, lane, v, st_local + c, st_bits + c);
-            if (c > staging_entries - w) flush();
+      ibatch top(0);
+      alignas(64) mask_type masks[pass_block_vectors];
+      while (i + w <= e) {
+        const std::uint64_t nv = std::min(pass_block_vectors, (e - i) / w);
+        for (std::uint64_t j = 0; j < nv; ++j) {
+          const std::uint64_t p = i + j * w;
+          if (p % line == 0) src.prefetch(p + ahead);
+          const ibatch key = src.template load<Arch>(p) & kmask;
+          masks[j] = static_cast<mask_type>(ops::mask_bits(key > low));
+          if constexpr (Counters > 0) {
+            if ((p - b) % 128 < 32) {
+              ops::count_into(acc0, key > edge0);
+              if constexpr (Counters > 1) ops::count_into(acc1, key > edge1);
+            }
           }
         }
-        if constexpr (Counters > 0) ops::count_into(acc0, key > edge0);
-        if constexpr (Counters > 1) ops::count_into(acc1, key > edge1);
-        lane += step;
+        for (std::uint64_t j = nv; j % 8 != 0; ++j) masks[j] = 0;
+        for (std::uint64_t map = nonzero_map(masks, nv); map != 0; map &= map - 1) {
+          const auto j = static_cast<std::uint64_t>(std::countr_zero(map));
+          const std::uint64_t p = i + j * w;
+          const ibatch lane = ops::iota() + ibatch(static_cast<std::int32_t>(p - b));
+          const ibatch v = rd.template load<Arch>(p);
+          top = ops::max(top, v & kmask);  // (only candidates reach the bound: the max is one)
+          c += ops::compress2(masks[j], lane, v, st_local + c, st_bits + c);
+          if (c > staging_entries - w) flush();
+        }
+        i += nv * w;
       }
+      chunk_max = static_cast<std::uint32_t>(ops::max_lane(top));
       if constexpr (Counters > 0) cnt0 += static_cast<std::uint64_t>(ops::sum_lanes(acc0));
       if constexpr (Counters > 1) cnt1 += static_cast<std::uint64_t>(ops::sum_lanes(acc1));
     }
@@ -179,14 +242,22 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
       const std::uint32_t v = src.load_scalar(i);
       const std::uint32_t key = v & key_mask;
       if (key >= low_key) {
+        chunk_max = std::max(chunk_max, key);
         st_local[c] = static_cast<std::uint32_t>(i - b);
         st_bits[c] = v;
         if (++c == staging_entries) flush();
       }
-      if constexpr (Counters > 0) cnt0 += key >= count_keys[0] ? 1u : 0u;
-      if constexpr (Counters > 1) cnt1 += key >= count_keys[1] ? 1u : 0u;
+      if constexpr (Counters > 0) {
+        if ((i - b) % 128 < 32) {
+          cnt0 += key >= count_keys[0] ? 1u : 0u;
+          if constexpr (Counters > 1) cnt1 += key >= count_keys[1] ? 1u : 0u;
+        }
+      }
     }
     flush();
+    for (std::uint32_t m = max_key.load(std::memory_order_relaxed);
+         chunk_max > m && !max_key.compare_exchange_weak(m, chunk_max, std::memory_order_relaxed);) {
+    }
     if constexpr (Counters > 0) above0.fetch_add(cnt0, std::memory_order_relaxed);
     if constexpr (Counters > 1) above1.fetch_add(cnt1, std::memory_order_relaxed);
   });
@@ -194,11 +265,13 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
   collect_result r;
   r.count = seen.load();
   r.overflow = overflow.load();
-  r.at_or_above[0] = above0.load();
-  r.at_or_above[1] = above1.load();
+  r.at_or_above[0] = 4 * above0.load();
+  r.at_or_above[1] = 4 * above1.load();
   // After an overflow the store has holes: callers fall back to passes that do not use it.
   ws.segment_count = r.overflow ? 0 : nseg.load();
   ws.count = r.overflow ? 0 : r.count;
+  ws.low_key = low_key;
+  ws.max_key = max_key.load();
   std::sort(segs, segs + ws.segment_count, [](const candidate_segment& a, const candidate_segment& b) {
     return a.chunk_begin != b.chunk_begin ? a.chunk_begin < b.chunk_begin : a.offset < b.offset;
   });
@@ -211,34 +284,136 @@ struct kth_key {
   std::uint64_t greater = 0;
 };
 
-/// The k-th largest magnitude key among the stored candidates (1 <= k <= ws.count): radix
-/// narrowing with 11-bit digits over the range of the keys actually present, each level
-/// keeping only the bin that holds the k-th key (so later levels touch few keys).
-inline kth_key find_kth_candidate(candidate_workspace& ws, std::uint64_t k, std::uint32_t key_mask) {
-  STELLATRAIN_ASSERT(k >= 1 && k <= ws.count, "find_kth_candidate: k out of range");
+/// The first radix level over the stored candidates, shared by several rank queries: the
+/// range [lo, hi] of the keys present and a histogram of an 11-bit digit of key - lo.
+struct kth_search {
+  std::uint32_t lo = 0;
+  std::uint32_t hi = 0;
+  int shift = 0;
+  std::uint32_t bins = 0;
+  std::array<std::uint64_t, radix_bins> hist;
+};
+
+[[nodiscard]] inline int radix_shift(std::uint32_t range) noexcept {
+  return std::max(0, static_cast<int>(std::bit_width(range)) - static_cast<int>(radix_bits));
+}
+
+// Histogram of (key - lo) >> shift over `count` keys (masked with `mask`), with four
+// interleaved sub-histograms so that runs of equal digits do not serialise on one counter.
+inline void histogram_keys(const std::uint32_t* keys, std::uint64_t count, std::uint32_t mask, std::uint32_t lo,
+                           int shift, std::uint32_t bins, std::uint64_t* hist) {
+  std::array<std::array<std::uint32_t, radix_bins>, 4> sub;
+  for (auto& h : sub) std::fill_n(h.begin(), bins, 0u);
+  std::uint64_t j = 0;
+  // Flush before a 32-bit sub-counter could wrap.
+  while (j < count) {
+    const std::uint64_t stop = std::min(count, j + (std::uint64_t{1} << 31));
+    for (; j + 4 <= stop; j += 4) {
+      ++sub[0][((keys[j] & mask) - lo) >> shift];
+      ++sub[1][((keys[j + 1] & mask) - lo) >> shift];
+      ++sub[2][((keys[j + 2] & mask) - lo) >> shift];
+      ++sub[3][((keys[j + 3] & mask) - lo) >> shift];
+    }
+    for (; j < stop; ++j) ++sub[0][((keys[j] & mask) - lo) >> shift];
+    for (std::uint32_t d = 0; d < bins; ++d) {
+      hist[d] += std::uint64_t{sub[0][d]} + sub[1][d] + sub[2][d] + sub[3][d];
+      sub[0][d] = sub[1][d] = sub[2][d] = sub[3][d] = 0;
+    }
+  }
+}
+
+// How many pieces the scans over the stored candidates are cut into: one per 64K candidates,
+// at most 4 per thread (a single piece runs on the calling thread).
+template <executor Ex>
+[[nodiscard]] std::uint64_t candidate_pieces(Ex& ex, std::uint64_t count) noexcept {
+  const std::uint64_t by_size = count / 65536;
+  const std::uint64_t by_threads = 4 * static_cast<std::uint64_t>(std::max<std::size_t>(ex.concurrency(), 1));
+  return std::clamp<std::uint64_t>(std::min(by_size, by_threads), 1, candidate_workspace::max_pieces);
+}
+
+// Calls fn(piece, begin, end) for `pieces` near-equal pieces of [0, count).
+template <executor Ex, class Fn>
+void for_each_piece(Ex& ex, std::uint64_t count, std::uint64_t pieces, Fn&& fn) {
+  auto run = [&](std::size_t p) {
+    fn(static_cast<std::uint64_t>(p), count * p / pieces, count * (p + 1) / pieces);
+  };
+  if (pieces == 1) {
+    run(0);
+  } else {
+    ex.bulk(static_cast<std::size_t>(pieces), run);
+  }
+}
+
+/// Range and first-level histogram of the stored candidates (ws.count >= 1), the histogram
+/// split across the executor for large stores.
+template <executor Ex>
+void kth_first_level(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kth_search& s) {
+  const std::uint32_t* const bits = ws.bits.data();
+  // The pass's bound and the largest key it met enclose every stored key.
+  const std::uint32_t lo = std::min(ws.low_key, ws.max_key);
+  const std::uint32_t hi = ws.max_key;
+  s.lo = lo;
+  s.hi = hi;
+  s.shift = radix_shift(hi - lo);
+  s.bins = ((hi - lo) >> s.shift) + 1;
+  std::fill_n(s.hist.begin(), s.bins, std::uint64_t{0});
+  const std::uint64_t pieces = candidate_pieces(ex, ws.count);
+  if (pieces == 1) {
+    histogram_keys(bits, ws.count, key_mask, lo, s.shift, s.bins, s.hist.data());
+    return;
+  }
+  std::uint64_t* const part = ws.piece_hist.data();
+  for_each_piece(ex, ws.count, pieces, [&](std::uint64_t p, std::uint64_t b, std::uint64_t e) {
+    std::uint64_t* h = part + p * radix_bins;
+    std::fill_n(h, s.bins, std::uint64_t{0});
+    histogram_keys(bits + b, e - b, key_mask, lo, s.shift, s.bins, h);
+  });
+  for (std::uint64_t p = 0; p < pieces; ++p) {
+    for (std::uint32_t d = 0; d < s.bins; ++d) s.hist[d] += part[p * radix_bins + d];
+  }
+}
+
+// Copies the keys of [b, e) of `src` (masked) that lie in [bin_lo, bin_hi] to `dst` from its
+// start; returns how many, and widens [lo, hi] to them. Branch-free.
+inline std::uint64_t keep_bin(const std::uint32_t* src, std::uint64_t b, std::uint64_t e, std::uint32_t mask,
+                              std::uint32_t bin_lo, std::uint32_t bin_hi, std::uint32_t* dst, std::uint32_t& lo,
+                              std::uint32_t& hi) noexcept {
+  std::uint64_t kept = 0;
+  for (std::uint64_t j = b; j < e; ++j) {
+    const std::uint32_t key = src[j] & mask;
+    dst[kept] = key;
+    const bool in = key - bin_lo <= bin_hi - bin_lo;  // bin_lo <= key <= bin_hi
+    kept += in ? 1u : 0u;
+    lo = in ? std::min(lo, key) : lo;
+    hi = in ? std::max(hi, key) : hi;
+  }
+  return kept;
+}
+
+/// The k-th largest stored key (1 <= k <= ws.count) from a first level: each further level
+/// keeps only the bin that holds the k-th key (so it touches few keys), in `ws.keys`.
+template <executor Ex>
+kth_key kth_resolve(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, const kth_search& s, std::uint64_t k) {
+  STELLATRAIN_ASSERT(k >= 1 && k <= ws.count, "kth_resolve: k out of range");
   const std::uint32_t* const bits = ws.bits.data();
   std::uint32_t* const keys = ws.keys.data();
   std::uint64_t count = ws.count;
-  std::uint32_t lo = key_mask;
-  std::uint32_t hi = 0;
-  for (std::uint64_t j = 0; j < count; ++j) {
-    const std::uint32_t key = bits[j] & key_mask;
-    lo = std::min(lo, key);
-    hi = std::max(hi, key);
-  }
+  std::uint32_t lo = s.lo;
+  std::uint32_t hi = s.hi;
   std::uint64_t above = 0;
-  std::array<std::uint64_t, radix_bins> hist;
+  std::array<std::uint64_t, radix_bins> level;
+  const std::uint64_t* hist = s.hist.data();
+  int shift = s.shift;
+  std::uint32_t bins = s.bins;
   bool first = true;
   for (;;) {
     if (lo == hi) return {lo, above};
-    const std::uint32_t range = hi - lo;
-    const int shift = std::max(0, static_cast<int>(std::bit_width(range)) - static_cast<int>(radix_bits));
-    const std::uint32_t bins = (range >> shift) + 1;
-    std::fill_n(hist.begin(), bins, std::uint64_t{0});
-    if (first) {
-      for (std::uint64_t j = 0; j < count; ++j) ++hist[((bits[j] & key_mask) - lo) >> shift];
-    } else {
-      for (std::uint64_t j = 0; j < count; ++j) ++hist[(keys[j] - lo) >> shift];
+    if (!first) {
+      shift = radix_shift(hi - lo);
+      bins = ((hi - lo) >> shift) + 1;
+      std::fill_n(level.begin(), bins, std::uint64_t{0});
+      histogram_keys(keys, count, 0xffffffffu, lo, shift, bins, level.data());
+      hist = level.data();
     }
     std::uint32_t d = bins - 1;
     std::uint64_t cum = 0;
@@ -247,23 +422,57 @@ inline kth_key find_kth_candidate(candidate_workspace& ws, std::uint64_t k, std:
     const std::uint32_t bin_lo = lo + (d << shift);
     if (shift == 0) return {bin_lo, above};
     const std::uint32_t bin_hi = bin_lo + ((1u << shift) - 1u);
-    // Keep the keys of bin d, tightening [lo, hi] to what they span.
-    std::uint64_t s = 0;
+    // Keep the keys of bin d, tightening [lo, hi] to what they span. The first level reads
+    // the whole store: in pieces, each writing at its own place, then packed together.
     std::uint32_t new_lo = bin_hi;
     std::uint32_t new_hi = bin_lo;
-    for (std::uint64_t j = 0; j < count; ++j) {
-      const std::uint32_t key = first ? (bits[j] & key_mask) : keys[j];
-      if (key >= bin_lo && key <= bin_hi) {
-        keys[s++] = key;
-        new_lo = std::min(new_lo, key);
-        new_hi = std::max(new_hi, key);
+    const std::uint64_t pieces = first ? candidate_pieces(ex, count) : 1;
+    if (pieces == 1) {
+      count = keep_bin(first ? bits : keys, 0, count, first ? key_mask : 0xffffffffu, bin_lo, bin_hi, keys, new_lo,
+                       new_hi);
+    } else {
+      std::uint64_t* const info = ws.piece_hist.data();  // per piece: kept, lo, hi
+      for_each_piece(ex, count, pieces, [&](std::uint64_t p, std::uint64_t b, std::uint64_t e) {
+        std::uint32_t plo = bin_hi;
+        std::uint32_t phi = bin_lo;
+        info[3 * p] = keep_bin(bits, b, e, key_mask, bin_lo, bin_hi, keys + b, plo, phi);
+        info[3 * p + 1] = plo;
+        info[3 * p + 2] = phi;
+      });
+      std::uint64_t kept = 0;
+      for (std::uint64_t p = 0; p < pieces; ++p) {
+        const std::uint64_t b = count * p / pieces;
+        std::memmove(keys + kept, keys + b, info[3 * p] * sizeof(std::uint32_t));
+        kept += info[3 * p];
+        if (info[3 * p] > 0) {
+          new_lo = std::min(new_lo, static_cast<std::uint32_t>(info[3 * p + 1]));
+          new_hi = std::max(new_hi, static_cast<std::uint32_t>(info[3 * p + 2]));
+        }
       }
+      count = kept;
     }
     first = false;
-    count = s;
     lo = new_lo;
     hi = new_hi;
   }
+}
+
+/// The k-th largest magnitude key among the stored candidates (1 <= k <= ws.count): radix
+/// narrowing with 11-bit digits over the range of the keys actually present.
+template <executor Ex>
+kth_key find_kth_candidate(Ex& ex, candidate_workspace& ws, std::uint64_t k, std::uint32_t key_mask) {
+  kth_search s;
+  kth_first_level(ex, ws, key_mask, s);
+  return kth_resolve(ex, ws, key_mask, s, k);
+}
+
+/// A lower bound of the k-th largest stored key (1 <= k <= ws.count) from the first level
+/// alone: the lowest key of the bin that holds it (within (hi - lo) / 2048 of it).
+[[nodiscard]] inline std::uint32_t kth_floor(const kth_search& s, std::uint64_t k) noexcept {
+  std::uint32_t d = s.bins - 1;
+  std::uint64_t cum = 0;
+  while (d > 0 && cum + s.hist[d] < k) cum += s.hist[d--];
+  return s.lo + (d << s.shift);
 }
 
 /// Calls `emit(out, index, bits)` for the selected candidates, in ascending index order with
@@ -276,9 +485,10 @@ void emit_candidates(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
   const candidate_segment* const segs = ws.segments.data();
   const std::uint32_t* const local = ws.local.data();
   const std::uint32_t* const bits = ws.bits.data();
+  std::uint32_t* const picked = ws.keys.data();  // scratch: store positions of the chosen
   emit_group* const groups = ws.groups.data();
-  const std::uint64_t target =
-      std::max<std::uint64_t>(8192, ws.count / (4 * std::max<std::size_t>(ex.concurrency(), 1)));
+  const std::size_t concurrency = std::max<std::size_t>(ex.concurrency(), 1);
+  const std::uint64_t target = concurrency == 1 ? ws.count : std::max<std::uint64_t>(8192, ws.count / (4 * concurrency));
   std::uint64_t ngroups = 0;
   for (std::uint64_t s = 0; s < ws.segment_count;) {
     emit_group g;
@@ -289,30 +499,27 @@ void emit_candidates(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
     groups[ngroups++] = g;
   }
   const std::uint32_t t = kth.key;
-  auto count_group = [&](std::size_t gi) {
-    emit_group& g = groups[gi];
-    std::uint64_t gt = 0;
-    std::uint64_t eq = 0;
-    for (std::uint64_t s = g.seg_begin; s < g.seg_end; ++s) {
-      for (std::uint64_t j = segs[s].offset; j < segs[s].offset + segs[s].count; ++j) {
-        const std::uint32_t key = bits[j] & key_mask;
-        gt += key > t ? 1u : 0u;
-        eq += key == t ? 1u : 0u;
+  if (ngroups > 1) {
+    ex.bulk(static_cast<std::size_t>(ngroups), [&](std::size_t gi) {
+      emit_group& g = groups[gi];
+      std::uint64_t gt = 0;
+      std::uint64_t eq = 0;
+      for (std::uint64_t s = g.seg_begin; s < g.seg_end; ++s) {
+        for (std::uint64_t j = segs[s].offset; j < segs[s].offset + segs[s].count; ++j) {
+          const std::uint32_t key = bits[j] & key_mask;
+          gt += key > t ? 1u : 0u;
+          eq += key == t ? 1u : 0u;
+        }
       }
-    }
-    g.greater = gt;
-    g.equal = eq;
-  };
-  if (ngroups == 1) {
-    count_group(0);
-  } else {
-    ex.bulk(static_cast<std::size_t>(ngroups), count_group);
+      g.greater = gt;
+      g.equal = eq;
+    });
   }
   std::uint64_t out = 0;
   std::uint64_t ties_left = k - kth.greater;
   for (std::uint64_t gi = 0; gi < ngroups; ++gi) {
     groups[gi].out = out;
-    groups[gi].quota = std::min(groups[gi].equal, ties_left);
+    groups[gi].quota = ngroups == 1 ? ties_left : std::min(groups[gi].equal, ties_left);
     ties_left -= groups[gi].quota;
     out += groups[gi].greater + groups[gi].quota;
   }
@@ -321,13 +528,22 @@ void emit_candidates(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
     std::uint64_t pos = g.out;
     std::uint64_t quota = g.quota;
     for (std::uint64_t s = g.seg_begin; s < g.seg_end; ++s) {
-      const std::uint64_t base = segs[s].chunk_begin;
-      for (std::uint64_t j = segs[s].offset; j < segs[s].offset + segs[s].count; ++j) {
+      const std::uint64_t first = segs[s].offset;
+      const std::uint64_t last = first + segs[s].count;
+      // Which stored positions to emit, without a branch per candidate (about one in
+      // k margin / k is skipped, at random), then the emission itself.
+      std::uint64_t chosen = 0;
+      for (std::uint64_t j = first; j < last; ++j) {
         const std::uint32_t key = bits[j] & key_mask;
-        if (key > t || (key == t && quota > 0)) {
-          if (key == t) --quota;
-          emit(pos++, base + local[j], bits[j]);
-        }
+        const bool tie = key == t && quota > 0;
+        quota -= tie ? 1u : 0u;
+        picked[first + chosen] = static_cast<std::uint32_t>(j - first);
+        chosen += (key > t || tie) ? 1u : 0u;
+      }
+      const std::uint64_t base = segs[s].chunk_begin;
+      for (std::uint64_t c = 0; c < chosen; ++c) {
+        const std::uint64_t j = first + picked[first + c];
+        emit(pos++, base + local[j], bits[j]);
       }
     }
   };
@@ -371,22 +587,37 @@ void emit_all_with_fill(const candidate_workspace& ws, std::uint64_t fill, std::
 /// `jitter`, else at its start: a strided sample): the key of sample rank
 /// target / n * samples + z * sqrt(that) + 1, so that with high probability at least `target`
 /// elements reach it. Never 0 (0 would keep every zero; 1 keeps every non-zero). `scratch`
-/// holds `samples` keys. Reads through `peek`: no side effects.
-template <class Source>
-std::uint32_t sample_low_key(const Source& src, std::uint64_t n, std::uint64_t target,
-                             std::uint64_t samples, double z, bool jitter, std::uint32_t* scratch) {
+/// holds `samples` keys. Reads through `peek` (no side effects), split across the executor.
+template <executor Ex, class Source>
+std::uint32_t sample_low_key(Ex& ex, const Source& src, std::uint64_t n, std::uint64_t target, std::uint64_t samples,
+                             double z, bool jitter, std::uint32_t* scratch) {
   samples = std::clamp<std::uint64_t>(samples, 1, n);
   const std::uint64_t stride = n / samples;
-  for (std::uint64_t j = 0; j < samples; ++j) {
-    const std::uint64_t pos = j * stride + (jitter ? mix64(j) % stride : 0);
-    scratch[j] = src.peek(pos) & Source::key_mask;
-  }
+  const std::uint64_t pieces = std::clamp<std::uint64_t>(samples / 4096, 1, std::max<std::size_t>(ex.concurrency(), 1));
+  for_each_piece(ex, samples, pieces, [&](std::uint64_t, std::uint64_t b, std::uint64_t e) {
+    for (std::uint64_t j = b; j < e; ++j) {
+      const std::uint64_t pos = j * stride + (jitter ? mix64(j) % stride : 0);
+      scratch[j] = src.peek(pos) & Source::key_mask;
+    }
+  });
   const double expected = static_cast<double>(target) / static_cast<double>(n) * static_cast<double>(samples);
   const double want = std::ceil(expected + z * std::sqrt(expected) + 1.0);
   const auto rank = static_cast<std::uint64_t>(std::clamp(want, 1.0, static_cast<double>(samples)));
-  std::nth_element(scratch, scratch + (rank - 1), scratch + samples,
-                   [](std::uint32_t a, std::uint32_t b) { return a > b; });
-  return std::max<std::uint32_t>(scratch[rank - 1], 1);
+  // The rank-th largest sample key: the 11-bit bin of the top bits that holds it, then an
+  // nth_element among the few keys of that bin.
+  constexpr int shift = std::bit_width(Source::key_mask) - static_cast<int>(radix_bits);
+  std::array<std::uint32_t, radix_bins> hist{};
+  for (std::uint64_t j = 0; j < samples; ++j) ++hist[scratch[j] >> shift];
+  std::uint32_t d = radix_bins - 1;
+  std::uint64_t above = 0;
+  while (above + hist[d] < rank) above += hist[d--];
+  std::uint64_t m = 0;
+  for (std::uint64_t j = 0; j < samples; ++j) {
+    if ((scratch[j] >> shift) == d) scratch[m++] = scratch[j];
+  }
+  const std::uint64_t r = rank - above;  // 1 <= r <= m
+  std::nth_element(scratch, scratch + (r - 1), scratch + m, [](std::uint32_t a, std::uint32_t b) { return a > b; });
+  return std::max<std::uint32_t>(scratch[r - 1], 1);
 }
 
 }  // namespace stellatrain::detail

@@ -114,10 +114,10 @@ select_outcome radix_select_full(Ex& ex, const Reader& rd, std::uint64_t n, std:
     const std::uint32_t bin_hi = std::min(hi, bin_lo + ((1u << shift) - 1u));
     const std::uint64_t at_or_above = above + total[d];
     if (at_or_above <= ws.capacity()) {
-      const collect_result r = collect_candidates<Arch>(ex, rd, n, bin_lo, {0, 0}, ws);
+      [[maybe_unused]] const collect_result r = collect_candidates<Arch>(ex, rd, n, bin_lo, {0, 0}, ws);
       ++outcome.passes;
       STELLATRAIN_ASSERT(!r.overflow && r.count == at_or_above, "radix_select_full: recount differs");
-      const kth_key kth = find_kth_candidate(ws, k, key_mask);
+      const kth_key kth = find_kth_candidate(ex, ws, k, key_mask);
       emit_candidates(ex, ws, key_mask, kth, k, emit);
       outcome.kth_key = kth.key;
       outcome.count = k;
@@ -193,13 +193,13 @@ select_outcome select_exact(Ex& ex, const Source& src, std::uint64_t n, std::uin
   select_outcome outcome;
   std::uint32_t low = 0;
   if (n > ws.capacity()) {
-    low = sample_low_key(src, n, std::max(sample_target, k), tuning.samples, tuning.z, tuning.jitter,
+    low = sample_low_key(ex, src, n, std::max(sample_target, k), tuning.samples, tuning.z, tuning.jitter,
                          ws.keys.data());
   }
   const collect_result r = collect_candidates<Arch>(ex, src, n, low, {0, 0}, ws);
   outcome.passes = 1;
   if (!r.overflow && r.count >= k) {
-    const kth_key kth = find_kth_candidate(ws, k, key_mask);
+    const kth_key kth = find_kth_candidate(ex, ws, k, key_mask);
     emit_candidates(ex, ws, key_mask, kth, k, emit);
     outcome.kth_key = kth.key;
     outcome.count = k;

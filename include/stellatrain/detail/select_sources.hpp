@@ -73,6 +73,8 @@ struct plain_source {
   [[nodiscard]] STELLATRAIN_FORCE_INLINE std::uint32_t load_scalar(std::uint64_t i) const noexcept {
     return raw_bits(data[i]);
   }
+  /// Hints that element i will be read soon (a no-op past the end).
+  STELLATRAIN_FORCE_INLINE void prefetch(std::uint64_t i) const noexcept { __builtin_prefetch(data + i); }
   /// The bits `load` would return, without side effects (for sampling before the pass).
   [[nodiscard]] std::uint32_t peek(std::uint64_t i) const noexcept { return raw_bits(data[i]); }
   /// A source that reads the values of this pass again, after it ran.
@@ -100,6 +102,10 @@ struct error_feedback_source {
     return raw_bits(acc);
   }
   [[nodiscard]] std::uint32_t peek(std::uint64_t i) const noexcept { return raw_bits(g[i] + r[i]); }
+  STELLATRAIN_FORCE_INLINE void prefetch(std::uint64_t i) const noexcept {
+    __builtin_prefetch(g + i);
+    __builtin_prefetch(r + i, 1);
+  }
   [[nodiscard]] plain_source<float> reread() const noexcept { return {r}; }
 };
 
@@ -130,6 +136,11 @@ struct momentum_source {
     return raw_bits(acc);
   }
   [[nodiscard]] std::uint32_t peek(std::uint64_t i) const noexcept { return raw_bits(v[i] + (u[i] * mu + g[i])); }
+  STELLATRAIN_FORCE_INLINE void prefetch(std::uint64_t i) const noexcept {
+    __builtin_prefetch(g + i);
+    __builtin_prefetch(u + i, 1);
+    __builtin_prefetch(v + i, 1);
+  }
   [[nodiscard]] plain_source<float> reread() const noexcept { return {v}; }
 };
 

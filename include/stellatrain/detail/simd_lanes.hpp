@@ -94,7 +94,9 @@ struct lane_ops {
   static ibatch load_bits(const std::uint16_t* p) noexcept {
     if constexpr (isa == lane_isa::avx512) {
 #if XSIMD_WITH_AVX512F
-      return ibatch(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+      // The zero-masked form: GCC 12 warns (wrongly) inside the unmasked intrinsic.
+      return ibatch(_mm512_maskz_cvtepu16_epi32(static_cast<__mmask16>(0xffff),
+                                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
 #endif
     } else if constexpr (isa == lane_isa::avx2) {
 #if XSIMD_WITH_AVX2
@@ -142,6 +144,28 @@ struct lane_ops {
     std::int64_t s = 0;
     for (std::size_t l = 0; l < width; ++l) s += lanes[l];
     return s;
+  }
+
+  /// Lane-wise maximum. (On AVX-512 a masked max with a defined pass-through operand: GCC 12
+  /// warns, wrongly, inside the unmasked intrinsic.)
+  static ibatch max(const ibatch& a, const ibatch& b) noexcept {
+    if constexpr (isa == lane_isa::avx512) {
+#if XSIMD_WITH_AVX512F
+      return ibatch(_mm512_mask_max_epi32(static_cast<__m512i>(a), static_cast<__mmask16>(0xffff),
+                                          static_cast<__m512i>(a), static_cast<__m512i>(b)));
+#endif
+    } else {
+      return xsimd::max(a, b);
+    }
+  }
+
+  /// Largest lane.
+  static std::int32_t max_lane(const ibatch& v) noexcept {
+    alignas(64) std::int32_t lanes[width];
+    v.store_aligned(lanes);
+    std::int32_t m = lanes[0];
+    for (std::size_t l = 1; l < width; ++l) m = lanes[l] > m ? lanes[l] : m;
+    return m;
   }
 
   /// Adds 1 to the lanes of `acc` where `m` is set.

@@ -52,7 +52,7 @@ select_outcome sampled_threshold_select(Ex& ex, const Source& src, std::uint64_t
   ws.reserve(ex, threshold_capacity(n, k, options.min_capacity), n, samples);
   std::uint32_t low = 0;
   if (n > ws.capacity()) {
-    low = sample_low_key(src, n, k, samples, options.margin_sigmas, /*jitter=*/false, ws.keys.data());
+    low = sample_low_key(ex, src, n, k, samples, options.margin_sigmas, /*jitter=*/false, ws.keys.data());
   }
   const collect_result r = collect_candidates<Arch>(ex, src, n, low, {0, 0}, ws);
   select_outcome outcome;
@@ -61,7 +61,7 @@ select_outcome sampled_threshold_select(Ex& ex, const Source& src, std::uint64_t
     outcome = radix_select_full<Arch>(ex, src.reread(), n, k, ws, rw, emit);
     outcome.passes += 1;
   } else if (r.count >= k) {
-    const kth_key kth = find_kth_candidate(ws, k, key_mask);
+    const kth_key kth = find_kth_candidate(ex, ws, k, key_mask);
     emit_candidates(ex, ws, key_mask, kth, k, emit);
     outcome.kth_key = kth.key;
     outcome.count = k;

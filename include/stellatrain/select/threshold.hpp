@@ -85,6 +85,8 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
                          k > state.target;
   select_outcome outcome;
   collect_result band;
+  kth_search first_level;
+  bool have_first_level = false;
   std::uint32_t edges[2] = {0, 0};
   if (bootstrap) {
     const exact_tuning tuning{.samples = options.bootstrap.samples, .z = options.bootstrap.margin_sigmas};
@@ -101,7 +103,9 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
       outcome.passes += 1;
       ++state.fallbacks;
     } else if (band.count >= k) {
-      const kth_key kth = find_kth_candidate(ws, k, key_mask);
+      kth_first_level(ex, ws, key_mask, first_level);
+      have_first_level = true;
+      const kth_key kth = kth_resolve(ex, ws, key_mask, first_level, k);
       emit_candidates(ex, ws, key_mask, kth, k, emit);
       outcome.kth_key = kth.key;
       outcome.count = k;
@@ -123,7 +127,10 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
   // else interpolated from the counts below the band.
   std::uint32_t next = 0;
   if (outcome.candidates_valid && ws.count >= target) {
-    next = std::max<std::uint32_t>(find_kth_candidate(ws, target, key_mask).key, 1);
+    // The floor of the bin that holds rank `target`: within 1/2048 of the band's range below
+    // the exact key, which only widens the next band by a hair.
+    if (!have_first_level) kth_first_level(ex, ws, key_mask, first_level);
+    next = std::max<std::uint32_t>(kth_floor(first_level, target), 1);
   } else if (!bootstrap && !band.overflow) {
     const float l0 = magnitude_of_key<T>(state.low_key);
     const float l1 = magnitude_of_key<T>(edges[0]);
@@ -175,7 +182,8 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
 ///   full radix passes (more passes, reported in `selection_stats::fallback`).
 /// No call pays for a refill that other calls do not: the band margin makes refills
 /// unnecessary, and the rare deficit is filled by index at no extra cost.
-/// The next bound is the key of rank k (1 + margin) of this call (known exactly from the band).
+/// The next bound is (within 1/2048 of the band's range below) the key of rank k (1 + margin)
+/// of this call, known from the band's histogram.
 ///
 /// Cost per call: one streaming read (memory bound), O(k) work on the band; bootstrap calls
 /// add a stratified sample. A change of n or element type, or a k above the band's target,
