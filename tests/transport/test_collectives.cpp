@@ -17,6 +17,19 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// The in-process transport without its receive of unknown length: the collectives take
+// their length-prefixed paths on it, as on any plain `transport`.
+struct span_only {
+  using request_type = in_process_request;
+  in_process_transport& t;
+  int rank() const noexcept { return t.rank(); }
+  int size() const noexcept { return t.size(); }
+  request_type isend(int p, tag_type g, std::span<const std::byte> b) { return t.isend(p, g, b); }
+  request_type irecv(int p, tag_type g, std::span<std::byte> b) { return t.irecv(p, g, b); }
+  void abort(std::string_view why) noexcept { t.abort(why); }
+};
+static_assert(transport<span_only> && !message_transport<span_only>);
+
 errc first_error_of(const std::function<void()>& f) {
   try {
     f();
@@ -47,6 +60,30 @@ TEST_CASE("sparse_allgather: every algorithm, P = 1..8, lengths from 0 to 1 MiB"
       }
     });
   }
+}
+
+TEST_CASE("sparse_allgather: on a transport without variable-length receives", "[transport][allgather]") {
+  for (int p : {2, 3, 5}) {
+    CAPTURE(p);
+    run_in_process(p, [&](in_process_transport& raw) {
+      span_only t{raw};
+      for (auto algorithm : {allgather_algorithm::ring, allgather_algorithm::direct}) {
+        test::allgather_case(t, [](int r) { return static_cast<std::size_t>(r == 1 ? 0 : 5000 + 3 * r); },
+                             {.algorithm = algorithm, .chunk_bytes = 1024}, 1);
+      }
+      test::broadcast_case(t, p - 1, 7777, {.chunk_bytes = 1000}, 2);
+      test::p2p_case(t, 3, 10);
+    });
+  }
+  // Announced lengths above the limit are refused before the receive buffer grows.
+  CHECK(first_error_of([] {
+          run_in_process(3, [](in_process_transport& raw) {
+            span_only t{raw};
+            const std::vector<std::byte> mine(t.rank() == 1 ? 5000 : 10);
+            std::vector<message_buffer> out(3);
+            sparse_allgather(t, mine, out, {.timeout = 10s, .algorithm = allgather_algorithm::direct, .max_message_bytes = 1000});
+          });
+        }) == errc::malformed_message);
 }
 
 TEST_CASE("sparse_allgather: huge messages (16 MiB per rank) through the pipelined ring", "[transport][allgather]") {

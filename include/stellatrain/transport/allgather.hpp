@@ -96,10 +96,39 @@ void allgather_ring(Transport& t, std::span<const std::byte> mine, std::span<mes
   await_sends(ws, ctx);
 }
 
+// Direct on a transport with receives of unknown length: one message per peer, every
+// receive posted before any wait (so senders copy straight into place where they can).
+template <message_transport Transport>
+void allgather_direct_messages(Transport& t, std::span<const std::byte> mine, std::span<message_buffer> out,
+                               const allgather_options& opt, collective_workspace<Transport>& ws,
+                               const collective_context& ctx) {
+  const int p = t.size();
+  const int r = t.rank();
+  for (int k = 1; k < p; ++k) {
+    const int src = ring_index(r - k, p);
+    ws.recvs.push_back(t.irecv(src, opt.tag, out[static_cast<std::size_t>(src)]));
+  }
+  for (int k = 1; k < p; ++k) ws.sends.push_back(t.isend(ring_index(r + k, p), opt.tag, mine));
+  for (int k = 1; k < p; ++k) {
+    const int src = ring_index(r - k, p);
+    await(ws.recvs[static_cast<std::size_t>(k - 1)], ctx, [&] { return "rank " + std::to_string(src) + "'s message"; });
+    if (out[static_cast<std::size_t>(src)].size() > opt.max_message_bytes) {
+      throw_error(errc::malformed_message, ctx.where() + ": rank " + std::to_string(src) + "'s message has " +
+                                               std::to_string(out[static_cast<std::size_t>(src)].size()) +
+                                               " bytes, above the limit of " + std::to_string(opt.max_message_bytes));
+    }
+  }
+  await_sends(ws, ctx);
+}
+
 template <transport Transport>
 void allgather_direct(Transport& t, std::span<const std::byte> mine, std::span<message_buffer> out,
                       const allgather_options& opt, collective_workspace<Transport>& ws,
                       const collective_context& ctx) {
+  if constexpr (message_transport<Transport>) {
+    allgather_direct_messages(t, mine, out, opt, ws, ctx);
+    return;
+  }
   const int p = t.size();
   const int r = t.rank();
   ws.lengths.resize(static_cast<std::size_t>(p));
