@@ -16,7 +16,7 @@ using namespace stellatrain::detail;
 namespace {
 std::vector<std::byte> bytes_of(const std::string& s) {
   std::vector<std::byte> b(s.size());
-  std::memcpy(b.data(), s.data(), s.size());
+  if (!s.empty()) std::memcpy(b.data(), s.data(), s.size());
   return b;
 }
 errc code_of(const std::function<void()>& f) {
