@@ -7,6 +7,7 @@
 #include <stellatrain/stellatrain.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <vector>
 
@@ -16,9 +17,11 @@ using namespace std::chrono_literals;
 namespace {
 
 // Rank 0 streams `total` bytes to rank 1 in messages of `piece`; returns the seconds from
-// the first send to the last byte received on rank 1.
+// the first send to the last byte received on rank 1 (both ranks are threads of this process,
+// so they share the clock: no barrier skew enters the measurement).
 double timed_stream(shaping_options opt, std::size_t total, std::size_t piece) {
   double seconds = 0;
+  std::atomic<transport_clock::rep> start{0};
   run_in_process(2, [&](in_process_transport& raw) {
     shaped_transport t(std::move(raw), opt);
     const std::size_t n = total / piece;
@@ -26,16 +29,17 @@ double timed_stream(shaping_options opt, std::size_t total, std::size_t piece) {
     barrier(t, {.tag = 1});
     if (t.rank() == 0) {
       std::vector<shaped_request<in_process_transport>> sends;
+      start = transport_clock::now().time_since_epoch().count();
       for (std::size_t i = 0; i < n; ++i) sends.push_back(t.isend(1, 2, std::span<const std::byte>(data).subspan(i * piece, piece)));
       for (auto& s : sends) wait_or_throw(s, 60s, "shaped send");
     } else {
       std::vector<std::byte> got(total);
-      const auto t0 = transport_clock::now();
       // Every receive posted at once (as the collectives do): the sender's thread delivers
       // each message on release, and this thread wakes once at the end.
       std::vector<shaped_request<in_process_transport>> recvs;
       for (std::size_t i = 0; i < n; ++i) recvs.push_back(t.irecv(0, 2, std::span<std::byte>(got).subspan(i * piece, piece)));
       for (auto& r : recvs) wait_or_throw(r, 60s, "shaped receive");
+      const transport_clock::time_point t0{transport_clock::duration{start.load()}};
       seconds = std::chrono::duration<double>(transport_clock::now() - t0).count();
       test::expect_message(got, 0, total, 3, "shaped stream");
     }
@@ -76,24 +80,29 @@ TEST_CASE("shaping: 100 Mbit/s measured within 5% for transfers above 1 MB", "[t
 }
 
 TEST_CASE("shaping: latency delays every message, and links keep their order", "[transport][shaping]") {
-  run_in_process(2, [](in_process_transport& raw) {
-    shaped_transport t(std::move(raw), {.bits_per_second = 0, .latency = 40ms});
+  std::atomic<transport_clock::rep> sent{0};  // rank 0's first send, on the shared clock
+  run_in_process(2, [&](in_process_transport& raw) {
+    shaped_transport t(std::move(raw), {.bits_per_second = 0, .latency = 100ms});
     if (t.rank() == 0) {
-      const std::byte b[1] = {std::byte{7}};
+      const std::byte b[3] = {std::byte{1}, std::byte{2}, std::byte{3}};
       std::vector<shaped_request<in_process_transport>> sends;
-      for (int i = 0; i < 3; ++i) sends.push_back(t.isend(1, 1, b));
+      sent = transport_clock::now().time_since_epoch().count();
+      for (int i = 0; i < 3; ++i) sends.push_back(t.isend(1, 1, std::span<const std::byte>(b).subspan(static_cast<std::size_t>(i), 1)));
       CHECK_FALSE(sends[0].test());  // not released yet
       for (auto& s : sends) wait_or_throw(s, 5s, "send");
     } else {
-      const auto t0 = transport_clock::now();
-      std::byte got[1];
+      std::byte got[3];
       for (int i = 0; i < 3; ++i) {
-        auto r = t.irecv(0, 1, got);
+        auto r = t.irecv(0, 1, std::span<std::byte>(got).subspan(static_cast<std::size_t>(i), 1));
         wait_or_throw(r, 5s, "receive");
       }
+      const transport_clock::time_point t0{transport_clock::duration{sent.load()}};
       const auto waited = transport_clock::now() - t0;
-      CHECK(waited >= 35ms);
-      CHECK(waited < 400ms);
+      CHECK(waited >= 100ms);
+      CHECK(waited < 600ms);
+      CHECK(got[0] == std::byte{1});
+      CHECK(got[1] == std::byte{2});
+      CHECK(got[2] == std::byte{3});
     }
   });
 }
@@ -133,7 +142,8 @@ TEST_CASE("shaping: per-rank bucket is shared by destinations, per-peer is not",
 }
 
 TEST_CASE("shaping: set_rate changes the link while it runs", "[transport][shaping]") {
-  run_in_process(2, [](in_process_transport& raw) {
+  std::atomic<transport_clock::rep> start{0};  // rank 0's first send, on the shared clock
+  run_in_process(2, [&](in_process_transport& raw) {
     shaped_transport t(std::move(raw), {.bits_per_second = 1e9, .burst_bytes = 0});
     CHECK_THROWS_AS(t.set_rate(-1), error);
     const std::size_t n = 512 << 10;
@@ -146,13 +156,14 @@ TEST_CASE("shaping: set_rate changes the link while it runs", "[transport][shapi
       for (int attempt = 0; attempt < 3 && fastest > ideal * 1.3 + 0.01; ++attempt) {  // see measured_mbit
         barrier(t, {.tag = 3});
         if (t.rank() == 0) {
+          start = transport_clock::now().time_since_epoch().count();
           auto s = t.isend(1, 1, data);
           wait_or_throw(s, 10s, "send");
         } else {
           message_buffer m;
-          const auto t0 = transport_clock::now();
           auto r = t.irecv(0, 1, m);
           wait_or_throw(r, 10s, "receive");
+          const transport_clock::time_point t0{transport_clock::duration{start.load()}};
           const double s = std::chrono::duration<double>(transport_clock::now() - t0).count();
           CHECK(s >= ideal * 0.9);
           fastest = std::min(fastest, s);
