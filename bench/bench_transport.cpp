@@ -34,10 +34,12 @@ void BM_transport_memcpy(benchmark::State& state) {
     benchmark::DoNotOptimize(dst.data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(dst.size()));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(dst.size()));
   state.SetItemsProcessed(state.iterations());
-  state.counters["per_rank_GBps"] = benchmark::Counter(static_cast<double>(dst.size()) * static_cast<double>(state.iterations()) / 1e9,
-                                                       benchmark::Counter::kIsRate);
+  state.counters["per_rank_GBps"] = benchmark::Counter(
+      static_cast<double>(dst.size()) * static_cast<double>(state.iterations()) / 1e9,
+      benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_transport_memcpy)->ArgName("bytes")->Arg(2'000'000)->UseRealTime();
 
@@ -45,7 +47,8 @@ BENCHMARK(BM_transport_memcpy)->ArgName("bytes")->Arg(2'000'000)->UseRealTime();
 struct inproc_world {
   in_process_world world{ranks};
   std::vector<in_process_transport> transports;
-  std::vector<collective_workspace<in_process_transport>> ws = std::vector<collective_workspace<in_process_transport>>(ranks);
+  std::vector<collective_workspace<in_process_transport>> ws =
+      std::vector<collective_workspace<in_process_transport>>(ranks);
   inproc_world() {
     for (int r = 0; r < ranks; ++r) transports.push_back(world.transport(r));
   }
@@ -67,17 +70,19 @@ void BM_transport_inproc_allgather(benchmark::State& state) {
   // with the thread hand-off of the harness spread over the batch.
   auto step = [&](int r) {
     for (int k = 0; k < batch; ++k) {
-      sparse_allgather(w.transports[static_cast<std::size_t>(r)], mine[static_cast<std::size_t>(r)].span(), out[static_cast<std::size_t>(r)],
+      sparse_allgather(w.transports[static_cast<std::size_t>(r)],
+                       mine[static_cast<std::size_t>(r)].span(), out[static_cast<std::size_t>(r)],
                        opt, w.ws[static_cast<std::size_t>(r)]);
     }
   };
   group.run(step);  // warm-up
   for (auto _ : state) group.run(step);
   const double received = static_cast<double>(bytes) * (ranks - 1) * batch;
-  state.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(state.iterations()) * received));
+  state.SetBytesProcessed(
+      static_cast<std::int64_t>(static_cast<double>(state.iterations()) * received));
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * batch);
-  state.counters["per_rank_GBps"] =
-      benchmark::Counter(received * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+  state.counters["per_rank_GBps"] = benchmark::Counter(
+      received * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_transport_inproc_allgather)
     ->ArgNames({"bytes", "algorithm"})
@@ -93,16 +98,28 @@ void BM_transport_inproc_allreduce(benchmark::State& state) {
   bench::rank_group group(ranks);
   std::vector<aligned_buffer<float>> grads;
   for (int r = 0; r < ranks; ++r) grads.push_back(bench::prefaulted<float>(n));
-  auto step = [&](int r) { dense_allreduce(w.transports[static_cast<std::size_t>(r)], grads[static_cast<std::size_t>(r)].span(), {}, w.ws[static_cast<std::size_t>(r)]); };
+  auto step = [&](int r) {
+    dense_allreduce(w.transports[static_cast<std::size_t>(r)],
+                    grads[static_cast<std::size_t>(r)].span(), {},
+                    w.ws[static_cast<std::size_t>(r)]);
+  };
   group.run(step);
   for (auto _ : state) group.run(step);
   // Bytes each rank sends (and receives): 2 (P-1)/P of the gradient.
   const double moved = 2.0 * (ranks - 1) / ranks * 4.0 * static_cast<double>(n);
-  state.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(state.iterations()) * moved));
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n));
-  state.counters["per_rank_GBps"] = benchmark::Counter(moved * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+  state.SetBytesProcessed(
+      static_cast<std::int64_t>(static_cast<double>(state.iterations()) * moved));
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(n));
+  state.counters["per_rank_GBps"] = benchmark::Counter(
+      moved * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_transport_inproc_allreduce)->ArgName("floats")->Arg(1 << 20)->Arg(10'000'000)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_transport_inproc_allreduce)
+    ->ArgName("floats")
+    ->Arg(1 << 20)
+    ->Arg(10'000'000)
+    ->UseRealTime()
+    ->MinTime(0.5);
 
 // Shaped in-process link: rank 0 streams `bytes` to rank 1 in 256 KiB messages; the time is
 // from the first send to the last byte received.
@@ -117,7 +134,8 @@ void BM_transport_shaped_rate(benchmark::State& state) {
   auto dst = bench::prefaulted<std::byte>(bytes);
   double seconds = 0;
   for (auto _ : state) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the bucket refills: each run starts alike
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(50));  // the bucket refills: each run starts alike
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<shaped_request<in_process_transport>> sends;
     std::vector<shaped_request<in_process_transport>> recvs;
@@ -132,9 +150,11 @@ void BM_transport_shaped_rate(benchmark::State& state) {
     state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
     seconds += std::chrono::duration<double>(t1 - t0).count();
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(bytes));
   state.SetItemsProcessed(state.iterations());
-  const double achieved = static_cast<double>(bytes) * 8.0 * static_cast<double>(state.iterations()) / seconds;
+  const double achieved =
+      static_cast<double>(bytes) * 8.0 * static_cast<double>(state.iterations()) / seconds;
   state.counters["rate_ratio"] = achieved / (mbit * 1e6);
   state.counters["achieved_mbit"] = achieved / 1e6;
 }

@@ -31,7 +31,8 @@ void BM_transport_zmq_memcpy(benchmark::State& state) {
     benchmark::DoNotOptimize(dst.data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(dst.size()));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(dst.size()));
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_transport_zmq_memcpy)->ArgName("bytes")->Arg(2'000'000)->UseRealTime();
@@ -49,7 +50,8 @@ void BM_transport_zmq_allgather(benchmark::State& state) {
   std::vector<std::unique_ptr<zmq_transport>> t(ranks);
   bench::rank_group group(ranks);
   group.run([&](int r) {
-    t[static_cast<std::size_t>(r)] = std::make_unique<zmq_transport>(std::move(*listeners[static_cast<std::size_t>(r)]), r, endpoints);
+    t[static_cast<std::size_t>(r)] = std::make_unique<zmq_transport>(
+        std::move(*listeners[static_cast<std::size_t>(r)]), r, endpoints);
   });
   std::vector<collective_workspace<zmq_transport>> ws(ranks);
   std::vector<aligned_buffer<std::byte>> mine;
@@ -61,17 +63,18 @@ void BM_transport_zmq_allgather(benchmark::State& state) {
   const allgather_options opt{.algorithm = algorithm};
   auto step = [&](int r) {
     for (int k = 0; k < batch; ++k) {
-      sparse_allgather(*t[static_cast<std::size_t>(r)], mine[static_cast<std::size_t>(r)].span(), out[static_cast<std::size_t>(r)], opt,
-                       ws[static_cast<std::size_t>(r)]);
+      sparse_allgather(*t[static_cast<std::size_t>(r)], mine[static_cast<std::size_t>(r)].span(),
+                       out[static_cast<std::size_t>(r)], opt, ws[static_cast<std::size_t>(r)]);
     }
   };
   group.run(step);
   for (auto _ : state) group.run(step);
   const double received = static_cast<double>(bytes) * (ranks - 1) * batch;
-  state.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(state.iterations()) * received));
+  state.SetBytesProcessed(
+      static_cast<std::int64_t>(static_cast<double>(state.iterations()) * received));
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * batch);
-  state.counters["per_rank_GBps"] =
-      benchmark::Counter(received * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+  state.counters["per_rank_GBps"] = benchmark::Counter(
+      received * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
   group.run([&](int r) { t[static_cast<std::size_t>(r)].reset(); });  // close together
 }
 BENCHMARK(BM_transport_zmq_allgather)

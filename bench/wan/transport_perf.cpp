@@ -71,23 +71,38 @@ config parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(("missing value after " + a).c_str());
       return argv[++i];
     };
-    if (a == "--backend") c.backend = next();
-    else if (a == "--ranks") c.ranks = std::stoi(next());
-    else if (a == "--allgather") c.allgather = std::stoull(next());
-    else if (a == "--allreduce") c.allreduce = std::stoull(next());
-    else if (a == "--reps") c.reps = std::stoi(next());
-    else if (a == "--chunk") c.chunk = std::stoull(next());
-    else if (a == "--link-mbit") c.link_mbit = std::stod(next());
-    else if (a == "--shape-mbit") c.shape_mbit = std::stod(next());
-    else if (a == "--latency-ms") c.latency_ms = std::stod(next());
-    else if (a == "--native") c.native = true;
+    if (a == "--backend")
+      c.backend = next();
+    else if (a == "--ranks")
+      c.ranks = std::stoi(next());
+    else if (a == "--allgather")
+      c.allgather = std::stoull(next());
+    else if (a == "--allreduce")
+      c.allreduce = std::stoull(next());
+    else if (a == "--reps")
+      c.reps = std::stoi(next());
+    else if (a == "--chunk")
+      c.chunk = std::stoull(next());
+    else if (a == "--link-mbit")
+      c.link_mbit = std::stod(next());
+    else if (a == "--shape-mbit")
+      c.shape_mbit = std::stod(next());
+    else if (a == "--latency-ms")
+      c.latency_ms = std::stod(next());
+    else if (a == "--native")
+      c.native = true;
     else if (a == "--algorithm") {
       c.algorithm_name = next();
-      if (c.algorithm_name == "auto") c.algorithm = allgather_algorithm::automatic;
-      else if (c.algorithm_name == "ring") c.algorithm = allgather_algorithm::ring;
-      else if (c.algorithm_name == "direct") c.algorithm = allgather_algorithm::direct;
-      else if (c.algorithm_name == "native") c.algorithm = allgather_algorithm::native;
-      else usage("unknown algorithm");
+      if (c.algorithm_name == "auto")
+        c.algorithm = allgather_algorithm::automatic;
+      else if (c.algorithm_name == "ring")
+        c.algorithm = allgather_algorithm::ring;
+      else if (c.algorithm_name == "direct")
+        c.algorithm = allgather_algorithm::direct;
+      else if (c.algorithm_name == "native")
+        c.algorithm = allgather_algorithm::native;
+      else
+        usage("unknown algorithm");
     } else {
       usage(("unknown option " + a).c_str());
     }
@@ -110,12 +125,15 @@ std::vector<double> timed(T& t, int reps, Op&& op) {
     mine.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::vector<message_buffer> all(static_cast<std::size_t>(t.size()));
-  sparse_allgather(t, std::as_bytes(std::span<const double>(mine)), all, {.tag = 901, .timeout = 600s});
+  sparse_allgather(t, std::as_bytes(std::span<const double>(mine)), all,
+                   {.tag = 901, .timeout = 600s});
   std::vector<double> worst(static_cast<std::size_t>(reps), 0.0);
   for (const auto& m : all) {
     std::vector<double> v(static_cast<std::size_t>(reps));
     std::memcpy(v.data(), m.data(), m.size());
-    for (int k = 0; k < reps; ++k) worst[static_cast<std::size_t>(k)] = std::max(worst[static_cast<std::size_t>(k)], v[static_cast<std::size_t>(k)]);
+    for (int k = 0; k < reps; ++k)
+      worst[static_cast<std::size_t>(k)] =
+          std::max(worst[static_cast<std::size_t>(k)], v[static_cast<std::size_t>(k)]);
   }
   return worst;
 }
@@ -125,13 +143,17 @@ double median(std::vector<double> v) {
   return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-void report(const config& c, int p, const char* op, std::size_t bytes, double sent_per_rank, const std::vector<double>& times) {
+void report(const config& c, int p, const char* op, std::size_t bytes, double sent_per_rank,
+            const std::vector<double>& times) {
   const double s = median(times);
   const double best = *std::min_element(times.begin(), times.end());
   const double goodput = sent_per_rank * 8 / s / 1e6;
-  std::printf("backend=%s op=%s algorithm=%s ranks=%d bytes=%zu reps=%zu median_s=%.4f best_s=%.4f per_rank_MBps=%.1f goodput_mbit=%.2f",
-              c.backend.c_str(), op, std::strcmp(op, "sparse_allgather") == 0 ? c.algorithm_name.c_str() : "ring", p, bytes,
-              times.size(), s, best, sent_per_rank / s / 1e6, goodput);
+  std::printf(
+      "backend=%s op=%s algorithm=%s ranks=%d bytes=%zu reps=%zu median_s=%.4f best_s=%.4f "
+      "per_rank_MBps=%.1f goodput_mbit=%.2f",
+      c.backend.c_str(), op,
+      std::strcmp(op, "sparse_allgather") == 0 ? c.algorithm_name.c_str() : "ring", p, bytes,
+      times.size(), s, best, sent_per_rank / s / 1e6, goodput);
   if (c.link_mbit > 0) std::printf(" utilization=%.3f", goodput / c.link_mbit);
   std::printf("\n");
   std::fflush(stdout);
@@ -145,14 +167,19 @@ void run(T& t, const config& c) {
     std::vector<std::byte> mine(c.allgather, std::byte{static_cast<unsigned char>(t.rank())});
     std::vector<message_buffer> out(static_cast<std::size_t>(p));
     for (auto& m : out) m.reserve(c.allgather, true);
-    const allgather_options opt{.tag = 1, .timeout = 600s, .algorithm = c.algorithm, .chunk_bytes = c.chunk};
+    const allgather_options opt{
+        .tag = 1, .timeout = 600s, .algorithm = c.algorithm, .chunk_bytes = c.chunk};
     const auto times = timed(t, c.reps, [&] { sparse_allgather(t, mine, out, opt, ws); });
     for (int r = 0; r < p; ++r) {
-      if (out[static_cast<std::size_t>(r)].size() != c.allgather || out[static_cast<std::size_t>(r)].data()[c.allgather / 2] != std::byte{static_cast<unsigned char>(r)}) {
+      if (out[static_cast<std::size_t>(r)].size() != c.allgather ||
+          out[static_cast<std::size_t>(r)].data()[c.allgather / 2] !=
+              std::byte{static_cast<unsigned char>(r)}) {
         throw error(errc::malformed_message, "transport_perf: wrong all-gather result");
       }
     }
-    if (t.rank() == 0) report(c, p, "sparse_allgather", c.allgather, static_cast<double>(p - 1) * static_cast<double>(c.allgather), times);
+    if (t.rank() == 0)
+      report(c, p, "sparse_allgather", c.allgather,
+             static_cast<double>(p - 1) * static_cast<double>(c.allgather), times);
   }
   if (c.allreduce > 0) {
     aligned_buffer<float> grad(c.allreduce, {.prefault = true});
@@ -162,7 +189,8 @@ void run(T& t, const config& c) {
       std::fill(grad.begin(), grad.end(), 1.0f);
       dense_allreduce(t, grad.span(), opt, ws);
     });
-    if (grad[c.allreduce - 1] != static_cast<float>(p)) throw error(errc::malformed_message, "transport_perf: wrong all-reduce result");
+    if (grad[c.allreduce - 1] != static_cast<float>(p))
+      throw error(errc::malformed_message, "transport_perf: wrong all-reduce result");
     const double sent = 2.0 * (p - 1) / p * 4.0 * static_cast<double>(c.allreduce);
     if (t.rank() == 0) report(c, p, "dense_allreduce", c.allreduce * 4, sent, times);
   }
@@ -176,8 +204,10 @@ int main(int argc, char** argv) {
     if (c.backend == "inproc") {
       run_in_process(c.ranks, [&](in_process_transport& raw) {
         if (c.shape_mbit > 0) {
-          shaped_transport t(std::move(raw), {.bits_per_second = c.shape_mbit * 1e6,
-                                              .latency = std::chrono::microseconds(static_cast<long long>(c.latency_ms * 1000))});
+          shaped_transport t(
+              std::move(raw),
+              {.bits_per_second = c.shape_mbit * 1e6,
+               .latency = std::chrono::microseconds(static_cast<long long>(c.latency_ms * 1000))});
           run(t, c);
         } else {
           run(raw, c);

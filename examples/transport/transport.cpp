@@ -19,19 +19,22 @@ int main() {
 
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<stellatrain::message_buffer> got(static_cast<std::size_t>(t.size()));
-    stellatrain::sparse_allgather(t, my_packed_selection, got, {.tag = 1});   // ring or direct
+    stellatrain::sparse_allgather(t, my_packed_selection, got, {.tag = 1});  // ring or direct
     const auto t1 = std::chrono::steady_clock::now();
     stellatrain::dense_allreduce(t, std::span<float>(grad), {.tag = 2, .average = true});
     const auto t2 = std::chrono::steady_clock::now();
 
     const auto s = t.snapshot();
     if (t.rank() == 0) {
-      std::printf("sparse all-gather of 4 x 800 kB: %.3f s; dense all-reduce of 4 MiB: %.3f s (mean %.1f)\n",
-                  std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count(),
-                  static_cast<double>(grad[0]));
+      std::printf(
+          "sparse all-gather of 4 x 800 kB: %.3f s; dense all-reduce of 4 MiB: %.3f s (mean "
+          "%.1f)\n",
+          std::chrono::duration<double>(t1 - t0).count(),
+          std::chrono::duration<double>(t2 - t1).count(), static_cast<double>(grad[0]));
       std::printf("rank 0 sent %llu bytes in %llu messages at %.1f Mbit/s while sending\n",
                   static_cast<unsigned long long>(s.total.bytes_sent),
-                  static_cast<unsigned long long>(s.total.messages_sent), s.send_bits_per_second() / 1e6);
+                  static_cast<unsigned long long>(s.total.messages_sent),
+                  s.send_bits_per_second() / 1e6);
     }
   });
 }

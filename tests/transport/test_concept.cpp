@@ -31,7 +31,8 @@ struct loopback {
     return {};
   }
   request_type irecv(int, tag_type tag, std::span<std::byte> b) {
-    const auto it = std::find_if(queue.begin(), queue.end(), [&](const message& m) { return m.tag == tag; });
+    const auto it =
+        std::find_if(queue.begin(), queue.end(), [&](const message& m) { return m.tag == tag; });
     if (it == queue.end()) throw error(errc::unsupported, "loopback: receive before send");
     if (it->bytes.size() != b.size()) throw error(errc::size_mismatch, "loopback: wrong size");
     std::copy(it->bytes.begin(), it->bytes.end(), b.begin());
@@ -65,7 +66,8 @@ struct no_irecv {
 
 }  // namespace
 
-TEST_CASE("transport concept accepts conforming types and rejects archetypes", "[transport][concept]") {
+TEST_CASE("transport concept accepts conforming types and rejects archetypes",
+          "[transport][concept]") {
   STATIC_REQUIRE(transport<loopback>);
   STATIC_REQUIRE_FALSE(message_transport<loopback>);
   STATIC_REQUIRE(transport_request<loopback::request_type>);

@@ -30,14 +30,16 @@ double timed_stream(shaping_options opt, std::size_t total, std::size_t piece) {
     if (t.rank() == 0) {
       std::vector<shaped_request<in_process_transport>> sends;
       start = transport_clock::now().time_since_epoch().count();
-      for (std::size_t i = 0; i < n; ++i) sends.push_back(t.isend(1, 2, std::span<const std::byte>(data).subspan(i * piece, piece)));
+      for (std::size_t i = 0; i < n; ++i)
+        sends.push_back(t.isend(1, 2, std::span<const std::byte>(data).subspan(i * piece, piece)));
       for (auto& s : sends) wait_or_throw(s, 60s, "shaped send");
     } else {
       std::vector<std::byte> got(total);
       // Every receive posted at once (as the collectives do): the sender's thread delivers
       // each message on release, and this thread wakes once at the end.
       std::vector<shaped_request<in_process_transport>> recvs;
-      for (std::size_t i = 0; i < n; ++i) recvs.push_back(t.irecv(0, 2, std::span<std::byte>(got).subspan(i * piece, piece)));
+      for (std::size_t i = 0; i < n; ++i)
+        recvs.push_back(t.irecv(0, 2, std::span<std::byte>(got).subspan(i * piece, piece)));
       for (auto& r : recvs) wait_or_throw(r, 60s, "shaped receive");
       const transport_clock::time_point t0{transport_clock::duration{start.load()}};
       seconds = std::chrono::duration<double>(transport_clock::now() - t0).count();
@@ -63,23 +65,27 @@ double measured_mbit(shaping_options opt, std::size_t total, std::size_t piece, 
   return best;
 }
 
-TEST_CASE("shaping: 100 Mbit/s measured within 5% for transfers above 1 MB", "[transport][shaping]") {
+TEST_CASE("shaping: 100 Mbit/s measured within 5% for transfers above 1 MB",
+          "[transport][shaping]") {
   // 4 MB at 100 Mbit/s is 0.336 s; the barrier before it costs the latency only.
   for (std::size_t piece : {std::size_t{1} << 20, std::size_t{64} << 10}) {
     CAPTURE(piece);
     const std::size_t total = std::size_t{4} << 20;
     // The bucket starts full (16 KiB may leave at once), so allow for it in the upper bound.
-    const double mbit = measured_mbit({.bits_per_second = 100e6}, total, piece, 105.0 * (1.0 + 16384.0 / static_cast<double>(total)));
+    const double mbit = measured_mbit({.bits_per_second = 100e6}, total, piece,
+                                      105.0 * (1.0 + 16384.0 / static_cast<double>(total)));
     CAPTURE(mbit);
     CHECK(mbit >= 95.0);
   }
   // 1 MB at 20 Mbit/s (0.42 s).
-  const double mbit = measured_mbit({.bits_per_second = 20e6, .burst_bytes = 0}, std::size_t{1} << 20, std::size_t{1} << 18, 21.0);
+  const double mbit = measured_mbit({.bits_per_second = 20e6, .burst_bytes = 0},
+                                    std::size_t{1} << 20, std::size_t{1} << 18, 21.0);
   CAPTURE(mbit);
   CHECK(mbit >= 19.0);
 }
 
-TEST_CASE("shaping: latency delays every message, and links keep their order", "[transport][shaping]") {
+TEST_CASE("shaping: latency delays every message, and links keep their order",
+          "[transport][shaping]") {
   std::atomic<transport_clock::rep> sent{0};  // rank 0's first send, on the shared clock
   run_in_process(2, [&](in_process_transport& raw) {
     shaped_transport t(std::move(raw), {.bits_per_second = 0, .latency = 100ms});
@@ -87,7 +93,9 @@ TEST_CASE("shaping: latency delays every message, and links keep their order", "
       const std::byte b[3] = {std::byte{1}, std::byte{2}, std::byte{3}};
       std::vector<shaped_request<in_process_transport>> sends;
       sent = transport_clock::now().time_since_epoch().count();
-      for (int i = 0; i < 3; ++i) sends.push_back(t.isend(1, 1, std::span<const std::byte>(b).subspan(static_cast<std::size_t>(i), 1)));
+      for (int i = 0; i < 3; ++i)
+        sends.push_back(
+            t.isend(1, 1, std::span<const std::byte>(b).subspan(static_cast<std::size_t>(i), 1)));
       CHECK_FALSE(sends[0].test());  // not released yet
       for (auto& s : sends) wait_or_throw(s, 5s, "send");
     } else {
@@ -107,35 +115,37 @@ TEST_CASE("shaping: latency delays every message, and links keep their order", "
   });
 }
 
-TEST_CASE("shaping: per-rank bucket is shared by destinations, per-peer is not", "[transport][shaping]") {
+TEST_CASE("shaping: per-rank bucket is shared by destinations, per-peer is not",
+          "[transport][shaping]") {
   // Rank 0 sends 1 MiB to each of ranks 1 and 2 at 50 Mbit/s: ~0.34 s when the bucket is
   // shared, ~0.17 s with one bucket per peer.
   for (auto scope : {shaping_scope::per_rank, shaping_scope::per_peer}) {
     const double ideal = (scope == shaping_scope::per_rank ? 2.0 : 1.0) * 8.0 * (1 << 20) / 50e6;
     double fastest = 1e9;
     for (int attempt = 0; attempt < 5 && fastest > ideal * 1.25; ++attempt) {  // see measured_mbit
-    double seconds = 0;
-    run_in_process(3, [&](in_process_transport& raw) {
-      shaped_transport t(std::move(raw), {.bits_per_second = 50e6, .burst_bytes = 0, .scope = scope});
-      const std::size_t n = std::size_t{1} << 20;
-      if (t.rank() == 0) {
-        const auto data = test::message_of(0, n, 1);
-        const auto t0 = transport_clock::now();
-        auto a = t.isend(1, 1, data);
-        auto b = t.isend(2, 1, data);
-        wait_or_throw(a, 10s, "a");
-        wait_or_throw(b, 10s, "b");
-        seconds = std::chrono::duration<double>(transport_clock::now() - t0).count();
-      } else {
-        message_buffer m;
-        auto r = t.irecv(0, 1, m);
-        wait_or_throw(r, 10s, "receive");
-        test::expect_message(m.span(), 0, n, 1, "per-peer");
-      }
-    });
-    CAPTURE(seconds, ideal);
-    CHECK(seconds >= ideal * 0.95);
-    fastest = std::min(fastest, seconds);
+      double seconds = 0;
+      run_in_process(3, [&](in_process_transport& raw) {
+        shaped_transport t(std::move(raw),
+                           {.bits_per_second = 50e6, .burst_bytes = 0, .scope = scope});
+        const std::size_t n = std::size_t{1} << 20;
+        if (t.rank() == 0) {
+          const auto data = test::message_of(0, n, 1);
+          const auto t0 = transport_clock::now();
+          auto a = t.isend(1, 1, data);
+          auto b = t.isend(2, 1, data);
+          wait_or_throw(a, 10s, "a");
+          wait_or_throw(b, 10s, "b");
+          seconds = std::chrono::duration<double>(transport_clock::now() - t0).count();
+        } else {
+          message_buffer m;
+          auto r = t.irecv(0, 1, m);
+          wait_or_throw(r, 10s, "receive");
+          test::expect_message(m.span(), 0, n, 1, "per-peer");
+        }
+      });
+      CAPTURE(seconds, ideal);
+      CHECK(seconds >= ideal * 0.95);
+      fastest = std::min(fastest, seconds);
     }
     CHECK(fastest <= ideal * 1.25);
   }
@@ -153,7 +163,8 @@ TEST_CASE("shaping: set_rate changes the link while it runs", "[transport][shapi
       const double ideal = 8.0 * static_cast<double>(n) / rate;
       double fastest = 1e9;
       const auto data = test::message_of(0, n, 1);
-      for (int attempt = 0; attempt < 3 && fastest > ideal * 1.3 + 0.01; ++attempt) {  // see measured_mbit
+      for (int attempt = 0; attempt < 3 && fastest > ideal * 1.3 + 0.01;
+           ++attempt) {  // see measured_mbit
         barrier(t, {.tag = 3});
         if (t.rank() == 0) {
           start = transport_clock::now().time_since_epoch().count();
@@ -182,8 +193,12 @@ TEST_CASE("shaping: collectives are correct through the decorator", "[transport]
   run_in_process(4, [](in_process_transport& raw) {
     shaped_transport t(std::move(raw), {.bits_per_second = 2e9, .latency = 1ms});
     test::p2p_case(t, 5, 10);
-    test::allgather_case(t, [](int r) { return static_cast<std::size_t>(10000 + r); }, {.algorithm = allgather_algorithm::ring, .chunk_bytes = 4096}, 1);
-    test::allgather_case(t, [](int r) { return static_cast<std::size_t>(10000 + r); }, {.algorithm = allgather_algorithm::direct}, 2);
+    test::allgather_case(
+        t, [](int r) { return static_cast<std::size_t>(10000 + r); },
+        {.algorithm = allgather_algorithm::ring, .chunk_bytes = 4096}, 1);
+    test::allgather_case(
+        t, [](int r) { return static_cast<std::size_t>(10000 + r); },
+        {.algorithm = allgather_algorithm::direct}, 2);
     test::allreduce_case<float>(t, 10001, {.chunk_bytes = 4096}, 3);
     test::broadcast_case(t, 2, 5000, {}, 4);
     barrier(t);

@@ -54,12 +54,11 @@ using transport_clock = std::chrono::steady_clock;
 ///   take a send back, it marks the transport failed instead (see the backend). After the
 ///   destructor returns the backend never touches the request's buffer again.
 template <class R>
-concept transport_request =
-    std::movable<R> && std::default_initializable<R> &&
+concept transport_request = std::movable<R> && std::default_initializable<R> &&
     requires(R& r, transport_clock::time_point deadline) {
-      { r.test() } -> std::same_as<bool>;
-      { r.wait_until(deadline) } -> std::same_as<bool>;
-    };
+  { r.test() } -> std::same_as<bool>;
+  { r.wait_until(deadline) } -> std::same_as<bool>;
+};
 
 /// P ranks that send each other tagged messages of bytes.
 ///
@@ -119,8 +118,10 @@ concept transport = requires(T& t, const T& ct, int peer, tag_type tag,
                              std::span<const std::byte> out, std::span<std::byte> in) {
   typename T::request_type;
   requires transport_request<typename T::request_type>;
-  { ct.rank() } noexcept -> std::same_as<int>;
-  { ct.size() } noexcept -> std::same_as<int>;
+  { ct.rank() }
+  noexcept->std::same_as<int>;
+  { ct.size() }
+  noexcept->std::same_as<int>;
   { t.isend(peer, tag, out) } -> std::same_as<typename T::request_type>;
   { t.irecv(peer, tag, in) } -> std::same_as<typename T::request_type>;
 };
@@ -132,27 +133,29 @@ concept transport = requires(T& t, const T& ct, int peer, tag_type tag,
 /// holds its bytes. `m` must stay alive, and must not be used, until the request completes.
 /// Ordering with the span form is shared (one queue of receives per source and tag).
 template <class T>
-concept message_transport =
-    transport<T> && requires(T& t, int peer, tag_type tag, message_buffer& m) {
-      { t.irecv(peer, tag, m) } -> std::same_as<typename T::request_type>;
-    };
+concept message_transport = transport<T> &&
+    requires(T& t, int peer, tag_type tag, message_buffer& m) {
+  { t.irecv(peer, tag, m) } -> std::same_as<typename T::request_type>;
+};
 
 /// True for transports whose spans are device memory (`nccl_transport`): the generic
 /// point-to-point collectives cannot run on them (they read lengths on the host), only the
 /// transport's native ones.
 template <class T>
-inline constexpr bool device_memory_transport = requires { requires T::device_memory; };
+inline constexpr bool device_memory_transport = requires {
+  requires T::device_memory;
+};
 
 /// Views an object's bytes, for sending trivially copyable values (lengths, flags).
 template <class T>
-  requires std::is_trivially_copyable_v<T>
+requires std::is_trivially_copyable_v<T>
 [[nodiscard]] std::span<const std::byte> object_bytes(const T& value) noexcept {
   return {reinterpret_cast<const std::byte*>(&value), sizeof(T)};
 }
 
 /// Writable view of an object's bytes, for receiving trivially copyable values.
 template <class T>
-  requires std::is_trivially_copyable_v<T>
+requires std::is_trivially_copyable_v<T>
 [[nodiscard]] std::span<std::byte> object_bytes(T& value) noexcept {
   return {reinterpret_cast<std::byte*>(&value), sizeof(T)};
 }
