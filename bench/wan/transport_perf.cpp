@@ -8,13 +8,17 @@
 //     --allgather BYTES  message per rank of the sparse all-gather (default 800000: a 1%
 //                        selection of 10M fp32 elements as u32 index + fp32 value)
 //     --allreduce N      floats of the dense all-reduce (default 10000000; 0 = skip)
-//     --reps K           timed repetitions of each (default 5; one more untimed warm-up)
+//     --reps K           timed repetitions of each (default 5)
+//     --allreduce-reps K timed repetitions of the all-reduce (default: --reps)
+//     --warmups W        untimed all-gathers first (default 5; the all-reduce gets 1): TCP
+//                        opens its windows over the first ones, as in the first steps of training
 //     --algorithm A      all-gather algorithm: auto|ring|direct|native (default auto)
-//     --chunk BYTES      pipelining chunk (default 262144)
+//     --chunk BYTES      pipelining chunk (default: the transport's choice)
 //     --link-mbit R      link rate to report utilization against (default 0: not reported)
 //     --shape-mbit R     inproc only: shape every rank's sends to R Mbit/s
 //     --latency-ms L     inproc only: one-way latency of the shaping
 //     --native           mpi only: enable MPI's native collectives
+//     --verbose          also print every repetition's time
 // ZeroMQ ranks read STELLATRAIN_RANK and STELLATRAIN_ZMQ_PEERS (or _FILE); MPI ranks come
 // from mpirun. Rank 0 prints one line per collective:
 //   backend=zmq op=sparse_allgather ranks=4 bytes=800000 median_s=0.2 per_rank_MBps=...
@@ -51,11 +55,14 @@ struct config {
   int reps = 5;
   allgather_algorithm algorithm = allgather_algorithm::automatic;
   std::string algorithm_name = "auto";
-  std::size_t chunk = 262144;
+  std::size_t chunk = auto_chunk_bytes;
   double link_mbit = 0;
   double shape_mbit = 0;
   double latency_ms = 0;
   bool native = false;
+  bool verbose = false;
+  int warmups = 5;
+  int allreduce_reps = 0;  // 0: --reps
 };
 
 [[noreturn]] void usage(const char* what) {
@@ -91,6 +98,12 @@ config parse(int argc, char** argv) {
       c.latency_ms = std::stod(next());
     else if (a == "--native")
       c.native = true;
+    else if (a == "--verbose")
+      c.verbose = true;
+    else if (a == "--warmups")
+      c.warmups = std::stoi(next());
+    else if (a == "--allreduce-reps")
+      c.allreduce_reps = std::stoi(next());
     else if (a == "--algorithm") {
       c.algorithm_name = next();
       if (c.algorithm_name == "auto")
@@ -112,12 +125,17 @@ config parse(int argc, char** argv) {
   return c;
 }
 
-// Times `op` `reps` times after a warm-up, each start aligned by a barrier; returns the
-// per-repetition maximum over ranks (all ranks get the same vector).
+// Times `op` `reps` times after `warmups` untimed runs, each start aligned by a barrier;
+// returns the per-repetition maximum over ranks (all ranks get the same vector). The warm-up
+// sizes the buffers and lets TCP open its windows: the steady state of training, where the
+// collective runs every step.
 template <transport T, class Op>
-std::vector<double> timed(T& t, int reps, Op&& op) {
+std::vector<double> timed(T& t, int warmups, int reps, Op&& op) {
   std::vector<double> mine;
-  op();  // warm-up: buffers sized, connections and TCP windows open
+  for (int k = 0; k < warmups; ++k) {
+    barrier(t, {.tag = 900, .timeout = 600s});
+    op();
+  }
   for (int k = 0; k < reps; ++k) {
     barrier(t, {.tag = 900, .timeout = 600s});
     const auto t0 = std::chrono::steady_clock::now();
@@ -143,6 +161,13 @@ double median(std::vector<double> v) {
   return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// The all-gather algorithm that runs: "auto" resolves as sparse_allgather documents.
+std::string allgather_name(const config& c, int p) {
+  if (c.algorithm != allgather_algorithm::automatic) return c.algorithm_name;
+  if (c.backend == "mpi" && c.native) return "auto:native";
+  return p <= allgather_options{}.direct_max_ranks ? "auto:direct" : "auto:ring";
+}
+
 void report(const config& c, int p, const char* op, std::size_t bytes, double sent_per_rank,
             const std::vector<double>& times) {
   const double s = median(times);
@@ -152,9 +177,14 @@ void report(const config& c, int p, const char* op, std::size_t bytes, double se
       "backend=%s op=%s algorithm=%s ranks=%d bytes=%zu reps=%zu median_s=%.4f best_s=%.4f "
       "per_rank_MBps=%.1f goodput_mbit=%.2f",
       c.backend.c_str(), op,
-      std::strcmp(op, "sparse_allgather") == 0 ? c.algorithm_name.c_str() : "ring", p, bytes,
+      std::strcmp(op, "sparse_allgather") == 0 ? allgather_name(c, p).c_str() : "ring", p, bytes,
       times.size(), s, best, sent_per_rank / s / 1e6, goodput);
   if (c.link_mbit > 0) std::printf(" utilization=%.3f", goodput / c.link_mbit);
+  if (c.verbose) {
+    std::printf(" times_s=");
+    for (std::size_t k = 0; k < times.size(); ++k)
+      std::printf("%s%.4f", k == 0 ? "" : ",", times[k]);
+  }
   std::printf("\n");
   std::fflush(stdout);
 }
@@ -169,7 +199,8 @@ void run(T& t, const config& c) {
     for (auto& m : out) m.reserve(c.allgather, true);
     const allgather_options opt{
         .tag = 1, .timeout = 600s, .algorithm = c.algorithm, .chunk_bytes = c.chunk};
-    const auto times = timed(t, c.reps, [&] { sparse_allgather(t, mine, out, opt, ws); });
+    const auto times =
+        timed(t, c.warmups, c.reps, [&] { sparse_allgather(t, mine, out, opt, ws); });
     for (int r = 0; r < p; ++r) {
       if (out[static_cast<std::size_t>(r)].size() != c.allgather ||
           out[static_cast<std::size_t>(r)].data()[c.allgather / 2] !=
@@ -185,7 +216,7 @@ void run(T& t, const config& c) {
     aligned_buffer<float> grad(c.allreduce, {.prefault = true});
     std::fill(grad.begin(), grad.end(), 1.0f);
     const allreduce_options opt{.tag = 2, .timeout = 600s, .chunk_bytes = c.chunk};
-    const auto times = timed(t, c.reps, [&] {
+    const auto times = timed(t, 1, c.allreduce_reps > 0 ? c.allreduce_reps : c.reps, [&] {
       std::fill(grad.begin(), grad.end(), 1.0f);
       dense_allreduce(t, grad.span(), opt, ws);
     });

@@ -124,3 +124,25 @@ TEST_CASE("deadline_after saturates and wait_or_throw reports timeouts", "[trans
     CHECK(std::string(e.what()).find("never comes") != std::string::npos);
   }
 }
+
+TEST_CASE("chunk_bytes_for: explicit sizes, the transport's preference, the default",
+          "[transport][concept]") {
+  struct prefers_small : loopback {
+    std::size_t preferred_chunk_bytes() const noexcept { return 1000; }
+  };
+  loopback plain;
+  prefers_small small;
+  CHECK(chunk_bytes_for(plain, 4096) == 4096);
+  CHECK(chunk_bytes_for(plain, 0) == 0);
+  CHECK(chunk_bytes_for(plain, auto_chunk_bytes) == (std::size_t{256} << 10));
+  CHECK(chunk_bytes_for(small, auto_chunk_bytes) == 1000);
+  CHECK(chunk_bytes_for(small, 77) == 77);
+  // Decorators and type erasure pass the preference through.
+  metered_transport<prefers_small> metered{prefers_small{}};
+  CHECK(chunk_bytes_for(metered, auto_chunk_bytes) == 1000);
+  any_transport erased{prefers_small{}};
+  CHECK(erased.preferred_chunk_bytes() == 1000);
+  in_process_world world(1);
+  shaped_transport shaped(world.transport(0), {});
+  CHECK(chunk_bytes_for(shaped, auto_chunk_bytes) == (std::size_t{256} << 10));
+}

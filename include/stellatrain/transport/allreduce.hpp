@@ -31,7 +31,8 @@ struct allreduce_options {
   tag_type tag = 0;                           ///< tag of every message of the call
   std::chrono::milliseconds timeout{60'000};  ///< bound on the whole call
   allreduce_algorithm algorithm = allreduce_algorithm::automatic;
-  std::size_t chunk_bytes = std::size_t{256} << 10;  ///< pipelining unit; 0 = whole segments
+  /// Pipelining unit; 0 = whole segments; `auto_chunk_bytes`: the transport's choice
+  std::size_t chunk_bytes = auto_chunk_bytes;
   bool average = false;          ///< divide the sum by the number of ranks (floating point)
   bool abort_on_failure = true;  ///< on failure, abort the transport (every rank fails now)
 };
@@ -66,8 +67,9 @@ void allreduce_ring(Transport& t, std::span<V> data, const allreduce_options& op
   const int right = ring_index(r + 1, p);
   const int left = ring_index(r - 1, p);
   const std::uint64_t n = data.size();
+  const std::size_t chunk_bytes = chunk_bytes_for(t, opt.chunk_bytes);
   const std::uint64_t chunk =
-      opt.chunk_bytes == 0 ? 0 : std::max<std::uint64_t>(1, opt.chunk_bytes / sizeof(V));
+      chunk_bytes == 0 ? 0 : std::max<std::uint64_t>(1, chunk_bytes / sizeof(V));
   auto seg_begin = [&](int s) { return segment_begin(n, p, s); };
   auto seg_size = [&](int s) { return seg_begin(s + 1) - seg_begin(s); };
   auto chunks_of = [&](int s) { return chunk_count(seg_size(s), chunk); };

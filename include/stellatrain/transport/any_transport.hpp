@@ -69,6 +69,7 @@ struct any_transport_base {
   virtual any_request irecv(int, tag_type, std::span<std::byte>) = 0;
   virtual any_request irecv(int, tag_type, message_buffer&) = 0;
   virtual void abort(std::string_view) noexcept = 0;
+  virtual std::size_t preferred_chunk_bytes() const noexcept = 0;
 };
 
 template <class T>
@@ -110,6 +111,9 @@ struct any_transport_model final : any_transport_base {
     }
   }
   void abort(std::string_view reason) noexcept override { abort_transport(get(), reason); }
+  std::size_t preferred_chunk_bytes() const noexcept override {
+    return chunk_bytes_for(get(), auto_chunk_bytes);
+  }
 
   T t;
 };
@@ -163,6 +167,9 @@ class any_transport {
     return impl_->irecv(source, tag, into);
   }
   void abort(std::string_view reason) noexcept { impl_->abort(reason); }
+  [[nodiscard]] std::size_t preferred_chunk_bytes() const noexcept {
+    return impl_->preferred_chunk_bytes();
+  }
 
  private:
   std::unique_ptr<detail::any_transport_base> impl_;

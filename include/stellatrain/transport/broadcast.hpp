@@ -22,11 +22,12 @@ namespace stellatrain {
 
 /// Options of `broadcast`. Every rank must pass the same values (except `timeout`).
 struct broadcast_options {
-  tag_type tag = 0;                                  ///< tag of every message of the call
-  std::chrono::milliseconds timeout{60'000};         ///< bound on the whole call
-  std::size_t chunk_bytes = std::size_t{256} << 10;  ///< pipelining unit; 0 = whole message
-  std::uint64_t max_message_bytes = std::uint64_t{1}
-                                    << 40;  ///< longer announced lengths are errors
+  tag_type tag = 0;                           ///< tag of every message of the call
+  std::chrono::milliseconds timeout{60'000};  ///< bound on the whole call
+  /// Pipelining unit; 0 = whole message; `auto_chunk_bytes`: the transport's choice
+  std::size_t chunk_bytes = auto_chunk_bytes;
+  /// Longer announced lengths are errors (before anything is allocated).
+  std::uint64_t max_message_bytes = std::uint64_t{1} << 40;
   bool abort_on_failure = true;  ///< on failure, abort the transport (every rank fails now)
 };
 
@@ -45,7 +46,7 @@ void broadcast_chain(Transport& t, int root, std::span<const std::byte> root_dat
   const int prev = ring_index(r - 1, p);
   const int next = ring_index(r + 1, p);
   const bool has_next = pos + 1 < p;
-  const std::uint64_t chunk = opt.chunk_bytes;
+  const std::uint64_t chunk = chunk_bytes_for(t, opt.chunk_bytes);
   auto piece = [&]<class Byte>(std::span<Byte> m, std::uint64_t c) {
     if (chunk == 0) return m;
     const std::uint64_t b = c * chunk;

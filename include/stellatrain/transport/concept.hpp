@@ -79,6 +79,8 @@ concept transport_request = std::movable<R> && std::default_initializable<R> &&
 ///   (receives may be posted after the send; every backend buffers or defers). A program that
 ///   posts its receives before waiting for its sends cannot deadlock.
 /// - Thread safety: every member function may be called from several threads at once.
+/// - A transport may also provide `t.preferred_chunk_bytes()`: the pipelining chunk the
+///   collectives use on it by default (see `auto_chunk_bytes`).
 /// - A transport may also provide `t.abort(reason)` (noexcept): it marks the transport
 ///   failed and tells the other ranks, whose pending and later operations then fail with
 ///   `errc::peer_failure` instead of waiting for their timeouts. Collectives call it when
@@ -137,6 +139,25 @@ concept message_transport = transport<T> &&
     requires(T& t, int peer, tag_type tag, message_buffer& m) {
   { t.irecv(peer, tag, m) } -> std::same_as<typename T::request_type>;
 };
+
+/// The chunk size the collectives use when their options say `auto_chunk_bytes`: the
+/// transport's `preferred_chunk_bytes()` where it has one (MPI: below the eager limit, so that
+/// no chunk waits for a rendezvous round trip), else 256 KiB. Every rank must get the same
+/// value (same backend, same options).
+inline constexpr std::size_t auto_chunk_bytes = static_cast<std::size_t>(-1);
+
+/// The chunk size for `requested` on `t` (see `auto_chunk_bytes`; 0 means whole messages).
+template <class T>
+[[nodiscard]] std::size_t chunk_bytes_for(const T& t, std::size_t requested) noexcept {
+  if (requested != auto_chunk_bytes) return requested;
+  if constexpr (requires {
+                  { t.preferred_chunk_bytes() } -> std::convertible_to<std::size_t>;
+                }) {
+    return t.preferred_chunk_bytes();
+  } else {
+    return std::size_t{256} << 10;
+  }
+}
 
 /// True for transports whose spans are device memory (`nccl_transport`): the generic
 /// point-to-point collectives cannot run on them (they read lengths on the host), only the

@@ -240,6 +240,11 @@ class metered_transport {
                         transfer_record{source, tag, false, 0, now, {}});
   }
 
+  /// The inner transport's chunk preference (see `auto_chunk_bytes`).
+  [[nodiscard]] std::size_t preferred_chunk_bytes() const noexcept {
+    return chunk_bytes_for(inner_, auto_chunk_bytes);
+  }
+
   void abort(std::string_view reason) noexcept { detail::abort_transport(inner_, reason); }
 
   /// The counters now (a consistent copy).

@@ -52,6 +52,11 @@ struct mpi_options {
   bool payload_checksum = false;
   /// Messages announcing more bytes are refused.
   std::uint64_t max_message_bytes = std::uint64_t{1} << 40;
+  /// The collectives' default pipelining chunk on this transport (`auto_chunk_bytes`).
+  /// Below Open MPI's TCP eager limit (64 KiB with headers) every chunk is sent eagerly: a
+  /// larger one waits for a rendezvous handshake, one round trip each on a WAN (measured
+  /// under wan-emu, 100 Mbit/s, 20 ms RTT: 256 KiB chunks gave 76%, 32 kB 88% of the link).
+  std::size_t chunk_bytes = 32000;
   /// Messages are sent as blocks of at most this many bytes (MPI counts are int).
   std::size_t max_block_bytes = std::size_t{1} << 30;
   /// Waits poll MPI (which also drives its progress); between polls they sleep, starting
@@ -503,6 +508,11 @@ class mpi_transport {
 
   [[nodiscard]] int rank() const noexcept { return state_ ? state_->rank : 0; }
   [[nodiscard]] int size() const noexcept { return state_ ? state_->size : 0; }
+
+  /// `mpi_options::chunk_bytes` (see `auto_chunk_bytes`).
+  [[nodiscard]] std::size_t preferred_chunk_bytes() const noexcept {
+    return state_->options.chunk_bytes;
+  }
 
   /// The duplicated communicator (for the application's own MPI calls on the same ranks).
   [[nodiscard]] MPI_Comm communicator() const noexcept { return state_->comm; }

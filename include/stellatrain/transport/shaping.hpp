@@ -312,6 +312,11 @@ class shaped_transport {
     return request_type(state_->inner.irecv(source, tag, into));
   }
 
+  /// The inner transport's chunk preference (see `auto_chunk_bytes`).
+  [[nodiscard]] std::size_t preferred_chunk_bytes() const noexcept {
+    return chunk_bytes_for(state_->inner, auto_chunk_bytes);
+  }
+
   void abort(std::string_view reason) noexcept { detail::abort_transport(state_->inner, reason); }
 
   /// Changes the link rate (bits/s, 0 = unlimited) for sends from now on.
