@@ -65,7 +65,7 @@ void allgather_ring(Transport& t, std::span<const std::byte> mine, std::span<mes
   ws.lengths.resize(static_cast<std::size_t>(p));
   ws.lengths[static_cast<std::size_t>(r)] = encode_length(mine.size());
   ws.sends.push_back(t.isend(right, opt.tag, ws.lengths[static_cast<std::size_t>(r)]));
-  const std::uint64_t own_chunks = chunk_count(mine.size(), chunk);
+  const std::uint64_t own_chunks = message_chunk_count(mine.size(), chunk);
   for (std::uint64_t c = 0; c < own_chunks; ++c)
     ws.sends.push_back(t.isend(right, opt.tag, piece(mine, c)));
 
@@ -86,7 +86,7 @@ void allgather_ring(Transport& t, std::span<const std::byte> mine, std::span<mes
     dst.resize_for_overwrite(static_cast<std::size_t>(n));
     const bool forward = s < p - 2;
     if (forward) ws.sends.push_back(t.isend(right, opt.tag, slot));
-    const std::uint64_t chunks = chunk_count(n, chunk);
+    const std::uint64_t chunks = message_chunk_count(n, chunk);
     ws.recvs.clear();
     for (std::uint64_t c = 0; c < chunks; ++c) {
       ws.recvs.push_back(t.irecv(left, opt.tag, piece(dst.span(), c)));

@@ -72,7 +72,7 @@ void allreduce_ring(Transport& t, std::span<V> data, const allreduce_options& op
       chunk_bytes == 0 ? 0 : std::max<std::uint64_t>(1, chunk_bytes / sizeof(V));
   auto seg_begin = [&](int s) { return segment_begin(n, p, s); };
   auto seg_size = [&](int s) { return seg_begin(s + 1) - seg_begin(s); };
-  auto chunks_of = [&](int s) { return chunk_count(seg_size(s), chunk); };
+  auto chunks_of = [&](int s) { return message_chunk_count(seg_size(s), chunk); };
   // Chunk c of segment s of a span laid out like `data` (or of a segment-sized buffer).
   auto part = [&]<class T>(T* base, int s, std::uint64_t c, bool segment_local) {
     const std::uint64_t size = seg_size(s);

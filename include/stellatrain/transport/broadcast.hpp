@@ -57,7 +57,7 @@ void broadcast_chain(Transport& t, int root, std::span<const std::byte> root_dat
   if (pos == 0) {
     ws.lengths[0] = encode_length(root_data.size());
     ws.sends.push_back(t.isend(next, opt.tag, ws.lengths[0]));
-    for (std::uint64_t c = 0; c < chunk_count(root_data.size(), chunk); ++c) {
+    for (std::uint64_t c = 0; c < message_chunk_count(root_data.size(), chunk); ++c) {
       ws.sends.push_back(t.isend(next, opt.tag, piece(root_data, c)));
     }
     await_sends(ws, ctx);
@@ -73,7 +73,7 @@ void broadcast_chain(Transport& t, int root, std::span<const std::byte> root_dat
   const std::uint64_t n = decode_length(ws.lengths[0], opt.max_message_bytes, ctx, root);
   std::span<std::byte> dst = prepare(n);
   if (has_next) ws.sends.push_back(t.isend(next, opt.tag, ws.lengths[0]));
-  const std::uint64_t chunks = chunk_count(n, chunk);
+  const std::uint64_t chunks = message_chunk_count(n, chunk);
   for (std::uint64_t c = 0; c < chunks; ++c)
     ws.recvs.push_back(t.irecv(prev, opt.tag, piece(dst, c)));
   for (std::uint64_t c = 0; c < chunks; ++c) {

@@ -123,7 +123,7 @@ inline std::uint64_t decode_length(const std::array<std::byte, 8>& b, std::uint6
 }
 
 // Number of chunk messages of an n-byte message (0 for an empty one).
-inline std::uint64_t chunk_count(std::uint64_t n, std::uint64_t chunk) noexcept {
+inline std::uint64_t message_chunk_count(std::uint64_t n, std::uint64_t chunk) noexcept {
   if (n == 0) return 0;
   if (chunk == 0) return 1;
   return (n - 1) / chunk + 1;
