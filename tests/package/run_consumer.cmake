@@ -7,6 +7,8 @@ set(_args -S "${CONSUMER_DIR}" -B "${BINARY_DIR}" -G "${GENERATOR}"
   -DCMAKE_BUILD_TYPE=Release
   -DCONSUMER_MODE=${MODE}
   -DCONSUMER_WITH_CUDA=${WITH_CUDA}
+  -DCONSUMER_WITH_MPI=${WITH_MPI}
+  -DCONSUMER_WITH_ZMQ=${WITH_ZMQ}
   -DCONSUMER_EXTRA_COMPONENT=${EXTRA_COMPONENT}
   -DCONSUMER_EXPECTED_VERSION=${EXPECTED_VERSION}
   -DSTELLATRAIN_SOURCE_DIR=${STELLATRAIN_SOURCE_DIR}
@@ -38,6 +40,12 @@ endif()
 set(_programs consumer)
 if(WITH_CUDA)
   list(APPEND _programs consumer_cuda)
+endif()
+if(WITH_MPI)
+  list(APPEND _programs consumer_mpi)
+endif()
+if(WITH_ZMQ)
+  list(APPEND _programs consumer_zmq)
 endif()
 foreach(program IN LISTS _programs)
   execute_process(COMMAND "${BINARY_DIR}/${program}" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)

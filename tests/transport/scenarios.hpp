@@ -34,14 +34,16 @@ inline std::uint64_t mix(std::uint64_t x) noexcept {  // splitmix64
 
 /// Byte i of rank r's message under `seed`.
 inline std::byte pattern(int rank, std::uint64_t seed, std::size_t i) noexcept {
-  const std::uint64_t w = mix(seed * 1315423911ull + static_cast<std::uint64_t>(rank) * 2654435761ull + (i >> 3));
+  const std::uint64_t w =
+      mix(seed * 1315423911ull + static_cast<std::uint64_t>(rank) * 2654435761ull + (i >> 3));
   return static_cast<std::byte>((w >> ((i & 7u) * 8)) & 0xFFu);
 }
 
 inline void fill(std::span<std::byte> b, int rank, std::uint64_t seed) {
   std::size_t i = 0;
   for (; i + 8 <= b.size(); i += 8) {
-    const std::uint64_t w = mix(seed * 1315423911ull + static_cast<std::uint64_t>(rank) * 2654435761ull + (i >> 3));
+    const std::uint64_t w =
+        mix(seed * 1315423911ull + static_cast<std::uint64_t>(rank) * 2654435761ull + (i >> 3));
     for (std::size_t k = 0; k < 8; ++k) b[i + k] = static_cast<std::byte>((w >> (k * 8)) & 0xFFu);
   }
   for (; i < b.size(); ++i) b[i] = pattern(rank, seed, i);
@@ -53,25 +55,27 @@ inline std::vector<std::byte> message_of(int rank, std::size_t n, std::uint64_t 
   return v;
 }
 
-inline void expect_message(std::span<const std::byte> got, int rank, std::size_t n, std::uint64_t seed,
-                           const std::string& where) {
+inline void expect_message(std::span<const std::byte> got, int rank, std::size_t n,
+                           std::uint64_t seed, const std::string& where) {
   if (got.size() != n) {
-    fail(where + ": message of rank " + std::to_string(rank) + " has " + std::to_string(got.size()) +
-         " bytes, expected " + std::to_string(n));
+    fail(where + ": message of rank " + std::to_string(rank) + " has " +
+         std::to_string(got.size()) + " bytes, expected " + std::to_string(n));
   }
   std::vector<std::byte> want(n);
   fill(want, rank, seed);
   if (n != 0 && std::memcmp(got.data(), want.data(), n) != 0) {
     std::size_t i = 0;
     while (got[i] == want[i]) ++i;
-    fail(where + ": message of rank " + std::to_string(rank) + " differs at byte " + std::to_string(i));
+    fail(where + ": message of rank " + std::to_string(rank) + " differs at byte " +
+         std::to_string(i));
   }
 }
 
 /// All-gather of messages of length `length_of(rank)`; checks every received byte.
 template <transport T>
-void allgather_case(T& t, const std::function<std::size_t(int)>& length_of, const allgather_options& opt,
-                    std::uint64_t seed, collective_workspace<T>& ws, std::vector<message_buffer>& out) {
+void allgather_case(T& t, const std::function<std::size_t(int)>& length_of,
+                    const allgather_options& opt, std::uint64_t seed, collective_workspace<T>& ws,
+                    std::vector<message_buffer>& out) {
   const int p = t.size();
   const auto mine = message_of(t.rank(), length_of(t.rank()), seed);
   out.resize(static_cast<std::size_t>(p));
@@ -83,8 +87,8 @@ void allgather_case(T& t, const std::function<std::size_t(int)>& length_of, cons
 }
 
 template <transport T>
-void allgather_case(T& t, const std::function<std::size_t(int)>& length_of, const allgather_options& opt,
-                    std::uint64_t seed) {
+void allgather_case(T& t, const std::function<std::size_t(int)>& length_of,
+                    const allgather_options& opt, std::uint64_t seed) {
   collective_workspace<T> ws;
   std::vector<message_buffer> out;
   allgather_case(t, length_of, opt, seed, ws, out);
@@ -93,13 +97,15 @@ void allgather_case(T& t, const std::function<std::size_t(int)>& length_of, cons
 /// Input element i of rank r: small integers, so that every sum is exact in float.
 template <class V>
 V input_value(int rank, std::size_t i, std::uint64_t seed) {
-  return static_cast<V>(static_cast<int>(mix(seed + static_cast<std::uint64_t>(rank) * 1000003ull + i) % 201) - 100);
+  return static_cast<V>(
+      static_cast<int>(mix(seed + static_cast<std::uint64_t>(rank) * 1000003ull + i) % 201) - 100);
 }
 
 /// All-reduce of `n` elements; checks every element against a sum computed in 64-bit
 /// integers (exact), and with `average` against the same rounding the library promises.
 template <class V, transport T>
-std::vector<V> allreduce_case(T& t, std::size_t n, const allreduce_options& opt, std::uint64_t seed) {
+std::vector<V> allreduce_case(T& t, std::size_t n, const allreduce_options& opt,
+                              std::uint64_t seed) {
   const int p = t.size();
   std::vector<V> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = input_value<V>(t.rank(), i, seed);
@@ -109,12 +115,13 @@ std::vector<V> allreduce_case(T& t, std::size_t n, const allreduce_options& opt,
     for (int r = 0; r < p; ++r) sum += static_cast<long long>(input_value<V>(r, i, seed));
     V want = static_cast<V>(sum);
     if constexpr (std::is_floating_point_v<V>) {
-      if (opt.average && p > 1) want = static_cast<V>(want * (static_cast<V>(1) / static_cast<V>(p)));
+      if (opt.average && p > 1)
+        want = static_cast<V>(want * (static_cast<V>(1) / static_cast<V>(p)));
     }
     if (!(v[i] == want)) {
-      fail("dense_allreduce on rank " + std::to_string(t.rank()) + " of " + std::to_string(p) + ": element " +
-           std::to_string(i) + " of " + std::to_string(n) + " is " + std::to_string(v[i]) + ", expected " +
-           std::to_string(want));
+      fail("dense_allreduce on rank " + std::to_string(t.rank()) + " of " + std::to_string(p) +
+           ": element " + std::to_string(i) + " of " + std::to_string(n) + " is " +
+           std::to_string(v[i]) + ", expected " + std::to_string(want));
     }
   }
   return v;
@@ -122,7 +129,8 @@ std::vector<V> allreduce_case(T& t, std::size_t n, const allreduce_options& opt,
 
 /// Broadcast of `n` bytes from `root`, into a message_buffer and into a span.
 template <transport T>
-void broadcast_case(T& t, int root, std::size_t n, const broadcast_options& opt, std::uint64_t seed) {
+void broadcast_case(T& t, int root, std::size_t n, const broadcast_options& opt,
+                    std::uint64_t seed) {
   message_buffer m;
   if (t.rank() == root) m.assign(message_of(root, n, seed));
   broadcast(t, root, m, opt);
@@ -147,10 +155,12 @@ void p2p_case(T& t, std::uint64_t seed, tag_type base_tag) {
   std::vector<std::vector<std::byte>> out;
   std::vector<typename T::request_type> sends;
   for (int k = 0; k < count; ++k) {
-    out.push_back(message_of(r, 100 + static_cast<std::size_t>(k) * 37, seed + static_cast<std::uint64_t>(k)));
+    out.push_back(message_of(r, 100 + static_cast<std::size_t>(k) * 37,
+                             seed + static_cast<std::uint64_t>(k)));
   }
   // Same tag, in order.
-  for (int k = 0; k < count; ++k) sends.push_back(t.isend(right, base_tag, out[static_cast<std::size_t>(k)]));
+  for (int k = 0; k < count; ++k)
+    sends.push_back(t.isend(right, base_tag, out[static_cast<std::size_t>(k)]));
   // Two tags sent A then B, received B then A.
   const auto a = message_of(r, 3000, seed + 100);
   const auto b = message_of(r, 10, seed + 101);
@@ -178,9 +188,11 @@ void p2p_case(T& t, std::uint64_t seed, tag_type base_tag) {
     expect_message(got_a, left, 3000, seed + 100, "p2p tag A");
   }
   for (int k = 0; k < count; ++k) {
-    if (!recvs[static_cast<std::size_t>(k)].wait_until(deadline)) fail("p2p: timed out on an ordered message");
+    if (!recvs[static_cast<std::size_t>(k)].wait_until(deadline))
+      fail("p2p: timed out on an ordered message");
     expect_message(in[static_cast<std::size_t>(k)], left, 100 + static_cast<std::size_t>(k) * 37,
-                   seed + static_cast<std::uint64_t>(k), "p2p ordered message " + std::to_string(k));
+                   seed + static_cast<std::uint64_t>(k),
+                   "p2p ordered message " + std::to_string(k));
   }
   for (auto& s : sends) {
     if (!s.wait_until(deadline)) fail("p2p: timed out on a send");
@@ -197,7 +209,8 @@ void run_all_scenarios(T& t, std::size_t big, std::uint64_t seed) {
   collective_workspace<T> ws;
   std::vector<message_buffer> out;
   const std::size_t sizes[] = {0, 1, 4095, 65537, big};
-  for (auto algorithm : {allgather_algorithm::automatic, allgather_algorithm::ring, allgather_algorithm::direct}) {
+  for (auto algorithm :
+       {allgather_algorithm::automatic, allgather_algorithm::ring, allgather_algorithm::direct}) {
     for (std::size_t base : sizes) {
       for (std::size_t chunk : {std::size_t{0}, std::size_t{4096}, std::size_t{256} << 10}) {
         allgather_case(
@@ -206,19 +219,24 @@ void run_all_scenarios(T& t, std::size_t big, std::uint64_t seed) {
       }
     }
     // Lengths that differ a lot: one empty, one big.
-    allgather_case(t, [&](int r) { return r == 0 ? 0 : (r == p - 1 ? big : 17); },
-                   {.tag = 12, .algorithm = algorithm, .chunk_bytes = 8192}, seed + 5, ws, out);
+    allgather_case(
+        t, [&](int r) { return r == 0 ? 0 : (r == p - 1 ? big : 17); },
+        {.tag = 12, .algorithm = algorithm, .chunk_bytes = 8192}, seed + 5, ws, out);
   }
-  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000}, big / 4 + 1}) {
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000}, big / 4 + 1}) {
     for (std::size_t chunk : {std::size_t{0}, std::size_t{1024}, std::size_t{256} << 10}) {
       allreduce_case<float>(t, n, {.tag = 13, .chunk_bytes = chunk}, seed + n);
-      allreduce_case<double>(t, n, {.tag = 13, .algorithm = allreduce_algorithm::ring, .chunk_bytes = chunk}, seed + n);
+      allreduce_case<double>(
+          t, n, {.tag = 13, .algorithm = allreduce_algorithm::ring, .chunk_bytes = chunk},
+          seed + n);
     }
     allreduce_case<float>(t, n, {.tag = 14, .average = true}, seed + n + 1);
     allreduce_case<std::int64_t>(t, n, {.tag = 14}, seed + n + 2);
   }
   for (int root = 0; root < p; ++root) {
-    broadcast_case(t, root, root == 0 ? big : 1000 + static_cast<std::size_t>(root), {.tag = 15, .chunk_bytes = 65536}, seed + 77);
+    broadcast_case(t, root, root == 0 ? big : 1000 + static_cast<std::size_t>(root),
+                   {.tag = 15, .chunk_bytes = 65536}, seed + 77);
   }
   broadcast_case(t, p - 1, 0, {.tag = 15}, seed + 78);
   barrier(t, {.tag = 16});

@@ -17,17 +17,20 @@ TEST_CASE("any_transport holds transports by value or by reference", "[transport
     any_transport t = by_value ? any_transport(std::move(raw)) : any_transport(std::ref(*keep));
     CHECK(t.size() == 3);
     test::p2p_case(t, 1, 20);
-    test::allgather_case(t, [](int r) { return static_cast<std::size_t>(5000 * r); }, {.chunk_bytes = 1000}, 2);
+    test::allgather_case(
+        t, [](int r) { return static_cast<std::size_t>(5000 * r); }, {.chunk_bytes = 1000}, 2);
     test::allreduce_case<double>(t, 999, {}, 3);
     test::broadcast_case(t, 0, 12345, {}, 4);
     barrier(t);
   });
 }
 
-TEST_CASE("any_transport over decorators, and without variable-length receives", "[transport][any_transport]") {
+TEST_CASE("any_transport over decorators, and without variable-length receives",
+          "[transport][any_transport]") {
   run_in_process(2, [](in_process_transport& raw) {
     any_transport t(metered_transport(shaped_transport(std::move(raw), {.bits_per_second = 0})));
-    test::allgather_case(t, [](int r) { return static_cast<std::size_t>(100 + r); }, {}, 1);
+    test::allgather_case(
+        t, [](int r) { return static_cast<std::size_t>(100 + r); }, {}, 1);
   });
   struct fixed_only {
     using request_type = in_process_request;

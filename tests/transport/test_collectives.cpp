@@ -17,6 +17,19 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// The in-process transport without its receive of unknown length: the collectives take
+// their length-prefixed paths on it, as on any plain `transport`.
+struct span_only {
+  using request_type = in_process_request;
+  in_process_transport& t;
+  int rank() const noexcept { return t.rank(); }
+  int size() const noexcept { return t.size(); }
+  request_type isend(int p, tag_type g, std::span<const std::byte> b) { return t.isend(p, g, b); }
+  request_type irecv(int p, tag_type g, std::span<std::byte> b) { return t.irecv(p, g, b); }
+  void abort(std::string_view why) noexcept { t.abort(why); }
+};
+static_assert(transport<span_only> && !message_transport<span_only>);
+
 errc first_error_of(const std::function<void()>& f) {
   try {
     f();
@@ -28,35 +41,79 @@ errc first_error_of(const std::function<void()>& f) {
 
 }  // namespace
 
-TEST_CASE("sparse_allgather: every algorithm, P = 1..8, lengths from 0 to 1 MiB", "[transport][allgather]") {
+TEST_CASE("sparse_allgather: every algorithm, P = 1..8, lengths from 0 to 1 MiB",
+          "[transport][allgather]") {
   for (int p = 1; p <= 8; ++p) {
     CAPTURE(p);
     run_in_process(p, [&](in_process_transport& t) {
       collective_workspace<in_process_transport> ws;
       std::vector<message_buffer> out;
-      for (auto algorithm : {allgather_algorithm::automatic, allgather_algorithm::ring, allgather_algorithm::direct}) {
+      for (auto algorithm : {allgather_algorithm::automatic, allgather_algorithm::ring,
+                             allgather_algorithm::direct}) {
         for (std::size_t chunk : {std::size_t{0}, std::size_t{1000}, std::size_t{256} << 10}) {
           // All empty; one byte; odd lengths differing per rank; one big; mixed empty/big.
-          test::allgather_case(t, [](int) { return std::size_t{0}; }, {.algorithm = algorithm, .chunk_bytes = chunk}, 1, ws, out);
-          test::allgather_case(t, [](int) { return std::size_t{1}; }, {.algorithm = algorithm, .chunk_bytes = chunk}, 2, ws, out);
-          test::allgather_case(t, [](int r) { return static_cast<std::size_t>(4093 + 977 * r); },
-                               {.algorithm = algorithm, .chunk_bytes = chunk}, 3, ws, out);
-          test::allgather_case(t, [&](int r) { return r % 2 == 0 ? std::size_t{0} : (std::size_t{1} << 20) + static_cast<std::size_t>(r); },
-                               {.tag = 3, .algorithm = algorithm, .chunk_bytes = chunk}, 4, ws, out);
+          test::allgather_case(
+              t, [](int) { return std::size_t{0}; }, {.algorithm = algorithm, .chunk_bytes = chunk},
+              1, ws, out);
+          test::allgather_case(
+              t, [](int) { return std::size_t{1}; }, {.algorithm = algorithm, .chunk_bytes = chunk},
+              2, ws, out);
+          test::allgather_case(
+              t, [](int r) { return static_cast<std::size_t>(4093 + 977 * r); },
+              {.algorithm = algorithm, .chunk_bytes = chunk}, 3, ws, out);
+          test::allgather_case(
+              t,
+              [&](int r) {
+                return r % 2 == 0 ? std::size_t{0}
+                                  : (std::size_t{1} << 20) + static_cast<std::size_t>(r);
+              },
+              {.tag = 3, .algorithm = algorithm, .chunk_bytes = chunk}, 4, ws, out);
         }
       }
     });
   }
 }
 
-TEST_CASE("sparse_allgather: huge messages (16 MiB per rank) through the pipelined ring", "[transport][allgather]") {
+TEST_CASE("sparse_allgather: on a transport without variable-length receives",
+          "[transport][allgather]") {
+  for (int p : {2, 3, 5}) {
+    CAPTURE(p);
+    run_in_process(p, [&](in_process_transport& raw) {
+      span_only t{raw};
+      for (auto algorithm : {allgather_algorithm::ring, allgather_algorithm::direct}) {
+        test::allgather_case(
+            t, [](int r) { return static_cast<std::size_t>(r == 1 ? 0 : 5000 + 3 * r); },
+            {.algorithm = algorithm, .chunk_bytes = 1024}, 1);
+      }
+      test::broadcast_case(t, p - 1, 7777, {.chunk_bytes = 1000}, 2);
+      test::p2p_case(t, 3, 10);
+    });
+  }
+  // Announced lengths above the limit are refused before the receive buffer grows.
+  CHECK(first_error_of([] {
+          run_in_process(3, [](in_process_transport& raw) {
+            span_only t{raw};
+            const std::vector<std::byte> mine(t.rank() == 1 ? 5000 : 10);
+            std::vector<message_buffer> out(3);
+            sparse_allgather(t, mine, out,
+                             {.timeout = 10s,
+                              .algorithm = allgather_algorithm::direct,
+                              .max_message_bytes = 1000});
+          });
+        }) == errc::malformed_message);
+}
+
+TEST_CASE("sparse_allgather: huge messages (16 MiB per rank) through the pipelined ring",
+          "[transport][allgather]") {
   run_in_process(3, [](in_process_transport& t) {
-    test::allgather_case(t, [](int r) { return (std::size_t{16} << 20) + static_cast<std::size_t>(r) * 4097; },
-                         {.algorithm = allgather_algorithm::ring, .chunk_bytes = std::size_t{1} << 20}, 9);
+    test::allgather_case(
+        t, [](int r) { return (std::size_t{16} << 20) + static_cast<std::size_t>(r) * 4097; },
+        {.algorithm = allgather_algorithm::ring, .chunk_bytes = std::size_t{1} << 20}, 9);
   });
 }
 
-TEST_CASE("sparse_allgather: output count and announced lengths are validated", "[transport][allgather]") {
+TEST_CASE("sparse_allgather: output count and announced lengths are validated",
+          "[transport][allgather]") {
   run_in_process(2, [](in_process_transport& t) {
     std::vector<message_buffer> wrong(3);
     const std::vector<std::byte> mine(10);
@@ -83,14 +140,17 @@ TEST_CASE("sparse_allgather: concurrent calls on distinct tags", "[transport][al
           collective_workspace<in_process_transport> ws;
           std::vector<message_buffer> out;
           for (int round = 0; round < 10; ++round) {
-            const auto algorithm = k % 2 == 0 ? allgather_algorithm::ring : allgather_algorithm::direct;
-            test::allgather_case(t, [&](int r) { return static_cast<std::size_t>(100 * (k + 1) + 31 * r + round); },
-                                 {.tag = static_cast<tag_type>(50 + k), .algorithm = algorithm, .chunk_bytes = 64},
-                                 static_cast<std::uint64_t>(k * 100 + round), ws, out);
+            const auto algorithm =
+                k % 2 == 0 ? allgather_algorithm::ring : allgather_algorithm::direct;
+            test::allgather_case(
+                t, [&](int r) { return static_cast<std::size_t>(100 * (k + 1) + 31 * r + round); },
+                {.tag = static_cast<tag_type>(50 + k), .algorithm = algorithm, .chunk_bytes = 64},
+                static_cast<std::uint64_t>(k * 100 + round), ws, out);
           }
           std::vector<float> v(1000);
           for (int round = 0; round < 5; ++round) {
-            test::allreduce_case<float>(t, 777 + static_cast<std::size_t>(k), {.tag = static_cast<tag_type>(60 + k), .chunk_bytes = 256},
+            test::allreduce_case<float>(t, 777 + static_cast<std::size_t>(k),
+                                        {.tag = static_cast<tag_type>(60 + k), .chunk_bytes = 256},
                                         static_cast<std::uint64_t>(k + round));
           }
         } catch (...) {
@@ -99,7 +159,9 @@ TEST_CASE("sparse_allgather: concurrent calls on distinct tags", "[transport][al
       });
     }
     for (auto& th : threads) th.join();
-    if (failures != 0) throw test::scenario_failure(std::to_string(failures.load()) + " concurrent collectives failed");
+    if (failures != 0)
+      throw test::scenario_failure(std::to_string(failures.load()) +
+                                   " concurrent collectives failed");
   });
 }
 
@@ -109,18 +171,21 @@ TEST_CASE("dense_allreduce: float, double, integers, average, P = 1..8", "[trans
     std::mutex m;
     std::vector<std::vector<float>> results(static_cast<std::size_t>(p));
     run_in_process(p, [&](in_process_transport& t) {
-      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9}, std::size_t{1000}, std::size_t{65537}}) {
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8},
+                            std::size_t{9}, std::size_t{1000}, std::size_t{65537}}) {
         for (std::size_t chunk : {std::size_t{0}, std::size_t{4}, std::size_t{4096}}) {
           if (chunk == 4 && n > 1000) continue;  // one element per message: slow, covered below
           test::allreduce_case<float>(t, n, {.chunk_bytes = chunk}, n + chunk);
-          test::allreduce_case<double>(t, n, {.chunk_bytes = chunk, .average = true}, n + chunk + 1);
+          test::allreduce_case<double>(t, n, {.chunk_bytes = chunk, .average = true},
+                                       n + chunk + 1);
         }
         test::allreduce_case<std::int32_t>(t, n, {}, n + 2);
         test::allreduce_case<std::uint8_t>(t, n, {.chunk_bytes = 3}, n + 3);
       }
       // Bit-identical results on every rank for inexact float sums.
       std::vector<float> v(10007);
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.1f * static_cast<float>(i % 13) + 1e-3f * static_cast<float>(t.rank());
+      for (std::size_t i = 0; i < v.size(); ++i)
+        v[i] = 0.1f * static_cast<float>(i % 13) + 1e-3f * static_cast<float>(t.rank());
       dense_allreduce(t, std::span<float>(v), {.chunk_bytes = 1024, .average = true});
       std::lock_guard lock(m);
       results[static_cast<std::size_t>(t.rank())] = std::move(v);
@@ -129,13 +194,16 @@ TEST_CASE("dense_allreduce: float, double, integers, average, P = 1..8", "[trans
   }
 }
 
-TEST_CASE("dense_allreduce: a large gradient (4M floats) across 4 ranks", "[transport][allreduce]") {
+TEST_CASE("dense_allreduce: a large gradient (4M floats) across 4 ranks",
+          "[transport][allreduce]") {
   run_in_process(4, [](in_process_transport& t) {
-    test::allreduce_case<float>(t, (std::size_t{4} << 20) + 3, {.chunk_bytes = std::size_t{1} << 20}, 5);
+    test::allreduce_case<float>(t, (std::size_t{4} << 20) + 3,
+                                {.chunk_bytes = std::size_t{1} << 20}, 5);
   });
 }
 
-TEST_CASE("dense_allreduce: mismatched sizes or types fail on every rank", "[transport][allreduce]") {
+TEST_CASE("dense_allreduce: mismatched sizes or types fail on every rank",
+          "[transport][allreduce]") {
   for (int bad_rank : {0, 2}) {
     std::atomic<int> threw{0};
     std::atomic<int> size_mismatch{0};
@@ -176,7 +244,8 @@ TEST_CASE("dense_allreduce: mismatched sizes or types fail on every rank", "[tra
   CHECK(threw == 2);
   run_in_process(1, [](in_process_transport& t) {
     std::vector<int> v(3, 1);
-    CHECK(first_error_of([&] { dense_allreduce(t, std::span<int>(v), {.average = true}); }) == errc::invalid_argument);
+    CHECK(first_error_of([&] { dense_allreduce(t, std::span<int>(v), {.average = true}); }) ==
+          errc::invalid_argument);
   });
 }
 
@@ -187,7 +256,8 @@ TEST_CASE("broadcast and barrier, P = 1..8", "[transport][broadcast][barrier]") 
     run_in_process(p, [&](in_process_transport& t) {
       for (int root = 0; root < p; ++root) {
         for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{100000}}) {
-          test::broadcast_case(t, root, n, {.chunk_bytes = 4096}, static_cast<std::uint64_t>(root) + n);
+          test::broadcast_case(t, root, n, {.chunk_bytes = 4096},
+                               static_cast<std::uint64_t>(root) + n);
         }
       }
       // Nobody leaves a barrier before everybody has arrived.
@@ -215,7 +285,8 @@ TEST_CASE("broadcast and barrier, P = 1..8", "[transport][broadcast][barrier]") 
         }) == errc::invalid_argument);
 }
 
-TEST_CASE("faults: a rank that throws, returns early or stalls never hangs the others", "[transport][fault]") {
+TEST_CASE("faults: a rank that throws, returns early or stalls never hangs the others",
+          "[transport][fault]") {
   // Throws before the collective: the others fail at once with peer_failure.
   for (auto algorithm : {allgather_algorithm::ring, allgather_algorithm::direct}) {
     std::atomic<int> peer_failures{0};
@@ -225,9 +296,12 @@ TEST_CASE("faults: a rank that throws, returns early or stalls never hangs the o
         if (t.rank() == 2) throw error(errc::io_error, "rank 2 lost its disk");
         std::vector<message_buffer> out(4);
         try {
-          sparse_allgather(t, std::vector<std::byte>(1000), out, {.timeout = 30s, .algorithm = algorithm});
+          sparse_allgather(t, std::vector<std::byte>(1000), out,
+                           {.timeout = 30s, .algorithm = algorithm});
         } catch (const error& e) {
-          if (e.code() == errc::peer_failure && std::string(e.what()).find("lost its disk") != std::string::npos) ++peer_failures;
+          if (e.code() == errc::peer_failure &&
+              std::string(e.what()).find("lost its disk") != std::string::npos)
+            ++peer_failures;
           throw;
         }
       });
@@ -267,7 +341,8 @@ TEST_CASE("faults: a rank that throws, returns early or stalls never hangs the o
               if (t.rank() == 3) std::this_thread::sleep_for(1500ms);
               std::vector<message_buffer> out(4);
               try {
-                sparse_allgather(t, std::vector<std::byte>(100), out, {.timeout = 300ms, .algorithm = allgather_algorithm::ring});
+                sparse_allgather(t, std::vector<std::byte>(100), out,
+                                 {.timeout = 300ms, .algorithm = allgather_algorithm::ring});
               } catch (const error&) {
                 ++failures;
                 throw;
@@ -287,9 +362,13 @@ TEST_CASE("faults: a rank that throws, returns early or stalls never hangs the o
         std::vector<message_buffer> out(3);
         try {
           sparse_allgather(t, std::vector<std::byte>(10), out,
-                           {.timeout = 200ms, .algorithm = allgather_algorithm::direct, .abort_on_failure = false});
+                           {.timeout = 200ms,
+                            .algorithm = allgather_algorithm::direct,
+                            .abort_on_failure = false});
         } catch (const error& e) {
-          if (e.code() == errc::timeout && std::string(e.what()).find("sparse_allgather (direct, tag 0) on rank") != std::string::npos) {
+          if (e.code() == errc::timeout &&
+              std::string(e.what()).find("sparse_allgather (direct, tag 0) on rank") !=
+                  std::string::npos) {
             ++timeouts;
           }
         }

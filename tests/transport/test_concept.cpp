@@ -31,7 +31,8 @@ struct loopback {
     return {};
   }
   request_type irecv(int, tag_type tag, std::span<std::byte> b) {
-    const auto it = std::find_if(queue.begin(), queue.end(), [&](const message& m) { return m.tag == tag; });
+    const auto it =
+        std::find_if(queue.begin(), queue.end(), [&](const message& m) { return m.tag == tag; });
     if (it == queue.end()) throw error(errc::unsupported, "loopback: receive before send");
     if (it->bytes.size() != b.size()) throw error(errc::size_mismatch, "loopback: wrong size");
     std::copy(it->bytes.begin(), it->bytes.end(), b.begin());
@@ -65,7 +66,8 @@ struct no_irecv {
 
 }  // namespace
 
-TEST_CASE("transport concept accepts conforming types and rejects archetypes", "[transport][concept]") {
+TEST_CASE("transport concept accepts conforming types and rejects archetypes",
+          "[transport][concept]") {
   STATIC_REQUIRE(transport<loopback>);
   STATIC_REQUIRE_FALSE(message_transport<loopback>);
   STATIC_REQUIRE(transport_request<loopback::request_type>);
@@ -121,4 +123,26 @@ TEST_CASE("deadline_after saturates and wait_or_throw reports timeouts", "[trans
     CHECK(e.code() == errc::timeout);
     CHECK(std::string(e.what()).find("never comes") != std::string::npos);
   }
+}
+
+TEST_CASE("chunk_bytes_for: explicit sizes, the transport's preference, the default",
+          "[transport][concept]") {
+  struct prefers_small : loopback {
+    std::size_t preferred_chunk_bytes() const noexcept { return 1000; }
+  };
+  loopback plain;
+  prefers_small small;
+  CHECK(chunk_bytes_for(plain, 4096) == 4096);
+  CHECK(chunk_bytes_for(plain, 0) == 0);
+  CHECK(chunk_bytes_for(plain, auto_chunk_bytes) == (std::size_t{256} << 10));
+  CHECK(chunk_bytes_for(small, auto_chunk_bytes) == 1000);
+  CHECK(chunk_bytes_for(small, 77) == 77);
+  // Decorators and type erasure pass the preference through.
+  metered_transport<prefers_small> metered{prefers_small{}};
+  CHECK(chunk_bytes_for(metered, auto_chunk_bytes) == 1000);
+  any_transport erased{prefers_small{}};
+  CHECK(erased.preferred_chunk_bytes() == 1000);
+  in_process_world world(1);
+  shaped_transport shaped(world.transport(0), {});
+  CHECK(chunk_bytes_for(shaped, auto_chunk_bytes) == (std::size_t{256} << 10));
 }

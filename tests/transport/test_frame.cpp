@@ -16,7 +16,7 @@ using namespace stellatrain::detail;
 namespace {
 std::vector<std::byte> bytes_of(const std::string& s) {
   std::vector<std::byte> b(s.size());
-  std::memcpy(b.data(), s.data(), s.size());
+  if (!s.empty()) std::memcpy(b.data(), s.data(), s.size());
   return b;
 }
 errc code_of(const std::function<void()>& f) {
@@ -67,8 +67,9 @@ TEST_CASE("frame headers round-trip and reject corruption", "[transport][frame]"
   // Wrong source, oversize length, wrong size, payload corruption, short payload.
   CHECK(code_of([&] { (void)decode_frame(b, 2, 1000, "test"); }) == errc::malformed_message);
   CHECK(code_of([&] { (void)decode_frame(b, 3, 5, "test"); }) == errc::resource_exhausted);
-  CHECK(code_of([&] { (void)decode_frame(std::span<const std::byte>(b).first(31), 3, 1000, "test"); }) ==
-        errc::malformed_message);
+  CHECK(code_of([&] {
+          (void)decode_frame(std::span<const std::byte>(b).first(31), 3, 1000, "test");
+        }) == errc::malformed_message);
   auto bad = payload;
   bad[4] ^= std::byte{1};
   CHECK(code_of([&] { verify_payload(d, bad, "test"); }) == errc::checksum_mismatch);

@@ -56,12 +56,14 @@ TEST_CASE("in_process: send before and after the receive is posted", "[transport
   CHECK(s3.test());
 }
 
-TEST_CASE("in_process: ordering per source and tag, independence across tags", "[transport][in_process]") {
+TEST_CASE("in_process: ordering per source and tag, independence across tags",
+          "[transport][in_process]") {
   run_in_process(3, [](in_process_transport& t) { test::p2p_case(t, 42, 10); });
   run_in_process(1, [](in_process_transport& t) { test::p2p_case(t, 43, 10); });  // to itself
 }
 
-TEST_CASE("in_process: a receive of the wrong size fails on both sides", "[transport][in_process]") {
+TEST_CASE("in_process: a receive of the wrong size fails on both sides",
+          "[transport][in_process]") {
   in_process_world world(2);
   auto a = world.transport(0);
   auto b = world.transport(1);
@@ -127,7 +129,8 @@ TEST_CASE("in_process: dropping pending requests withdraws them", "[transport][i
   CHECK_FALSE(s9.test());  // nobody receives it any more
 }
 
-TEST_CASE("in_process: a closed rank fails receives from it and sends to it", "[transport][in_process]") {
+TEST_CASE("in_process: a closed rank fails receives from it and sends to it",
+          "[transport][in_process]") {
   in_process_world world(3);
   auto a = world.transport(0);
   auto c = world.transport(2);
@@ -195,12 +198,14 @@ TEST_CASE("in_process: many threads per rank exchanging on many tags", "[transpo
             const int dest = (t.rank() + 1 + round % (ranks - 1)) % ranks;
             const int src = (t.rank() + ranks - 1 - round % (ranks - 1)) % ranks;
             const std::size_t n = static_cast<std::size_t>(1 + (round * 131) % 5000);
-            const auto msg = test::message_of(t.rank(), n, static_cast<std::uint64_t>(round * 10 + k));
+            const auto msg =
+                test::message_of(t.rank(), n, static_cast<std::uint64_t>(round * 10 + k));
             auto s = t.isend(dest, tag, msg);
             message_buffer m;
             auto r = t.irecv(src, tag, m);
             wait_or_throw(r, 10s, "stress receive");
-            test::expect_message(m.span(), src, n, static_cast<std::uint64_t>(round * 10 + k), "stress");
+            test::expect_message(m.span(), src, n, static_cast<std::uint64_t>(round * 10 + k),
+                                 "stress");
             wait_or_throw(s, 10s, "stress send");
           }
         } catch (...) {
@@ -209,6 +214,8 @@ TEST_CASE("in_process: many threads per rank exchanging on many tags", "[transpo
       });
     }
     for (auto& th : pool) th.join();
-    if (failures != 0) throw test::scenario_failure("stress: " + std::to_string(failures.load()) + " threads failed");
+    if (failures != 0)
+      throw test::scenario_failure("stress: " + std::to_string(failures.load()) +
+                                   " threads failed");
   });
 }

@@ -6,6 +6,8 @@
 
 #include <stellatrain/stellatrain.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <vector>
 
@@ -15,25 +17,31 @@ using namespace std::chrono_literals;
 namespace {
 
 // Rank 0 streams `total` bytes to rank 1 in messages of `piece`; returns the seconds from
-// the first send to the last byte received on rank 1.
+// the first send to the last byte received on rank 1 (both ranks are threads of this process,
+// so they share the clock: no barrier skew enters the measurement).
 double timed_stream(shaping_options opt, std::size_t total, std::size_t piece) {
   double seconds = 0;
+  std::atomic<transport_clock::rep> start{0};
   run_in_process(2, [&](in_process_transport& raw) {
     shaped_transport t(std::move(raw), opt);
-    barrier(t, {.tag = 1});
     const std::size_t n = total / piece;
+    const auto data = test::message_of(0, t.rank() == 0 ? total : 0, 3);  // before the clock starts
+    barrier(t, {.tag = 1});
     if (t.rank() == 0) {
-      const auto data = test::message_of(0, total, 3);
       std::vector<shaped_request<in_process_transport>> sends;
-      for (std::size_t i = 0; i < n; ++i) sends.push_back(t.isend(1, 2, std::span<const std::byte>(data).subspan(i * piece, piece)));
+      start = transport_clock::now().time_since_epoch().count();
+      for (std::size_t i = 0; i < n; ++i)
+        sends.push_back(t.isend(1, 2, std::span<const std::byte>(data).subspan(i * piece, piece)));
       for (auto& s : sends) wait_or_throw(s, 60s, "shaped send");
     } else {
       std::vector<std::byte> got(total);
-      const auto t0 = transport_clock::now();
-      for (std::size_t i = 0; i < n; ++i) {
-        auto r = t.irecv(0, 2, std::span<std::byte>(got).subspan(i * piece, piece));
-        wait_or_throw(r, 60s, "shaped receive");
-      }
+      // Every receive posted at once (as the collectives do): the sender's thread delivers
+      // each message on release, and this thread wakes once at the end.
+      std::vector<shaped_request<in_process_transport>> recvs;
+      for (std::size_t i = 0; i < n; ++i)
+        recvs.push_back(t.irecv(0, 2, std::span<std::byte>(got).subspan(i * piece, piece)));
+      for (auto& r : recvs) wait_or_throw(r, 60s, "shaped receive");
+      const transport_clock::time_point t0{transport_clock::duration{start.load()}};
       seconds = std::chrono::duration<double>(transport_clock::now() - t0).count();
       test::expect_message(got, 0, total, 3, "shaped stream");
     }
@@ -43,102 +51,140 @@ double timed_stream(shaping_options opt, std::size_t total, std::size_t piece) {
 
 }  // namespace
 
-TEST_CASE("shaping: 100 Mbit/s measured within 5% for transfers above 1 MB", "[transport][shaping]") {
+// The achieved rate of a stream, in Mbit/s. A shaped link may only be slower than configured
+// when the machine starves its threads of CPU (never faster): the fastest of up to 5 runs is
+// the measurement, and every run must respect the upper bound.
+double measured_mbit(shaping_options opt, std::size_t total, std::size_t piece, double upper_mbit) {
+  double best = 0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const double mbit = static_cast<double>(total) * 8 / timed_stream(opt, total, piece) / 1e6;
+    CHECK(mbit <= upper_mbit);
+    best = std::max(best, mbit);
+    if (best >= opt.bits_per_second / 1e6 * 0.95) break;
+  }
+  return best;
+}
+
+TEST_CASE("shaping: 100 Mbit/s measured within 5% for transfers above 1 MB",
+          "[transport][shaping]") {
   // 4 MB at 100 Mbit/s is 0.336 s; the barrier before it costs the latency only.
   for (std::size_t piece : {std::size_t{1} << 20, std::size_t{64} << 10}) {
     CAPTURE(piece);
     const std::size_t total = std::size_t{4} << 20;
-    const double s = timed_stream({.bits_per_second = 100e6}, total, piece);
-    const double mbit = static_cast<double>(total) * 8 / s / 1e6;
+    // The bucket starts full (16 KiB may leave at once), so allow for it in the upper bound.
+    const double mbit = measured_mbit({.bits_per_second = 100e6}, total, piece,
+                                      105.0 * (1.0 + 16384.0 / static_cast<double>(total)));
     CAPTURE(mbit);
-    // The bucket starts full (16 KiB may leave at once), so allow for it in the bound.
     CHECK(mbit >= 95.0);
-    CHECK(mbit <= 105.0 * (1.0 + 16384.0 / static_cast<double>(total)));
   }
   // 1 MB at 20 Mbit/s (0.42 s).
-  const double s = timed_stream({.bits_per_second = 20e6, .burst_bytes = 0}, std::size_t{1} << 20, std::size_t{1} << 18);
-  const double mbit = static_cast<double>(std::size_t{1} << 20) * 8 / s / 1e6;
+  const double mbit = measured_mbit({.bits_per_second = 20e6, .burst_bytes = 0},
+                                    std::size_t{1} << 20, std::size_t{1} << 18, 21.0);
   CAPTURE(mbit);
   CHECK(mbit >= 19.0);
-  CHECK(mbit <= 21.0);
 }
 
-TEST_CASE("shaping: latency delays every message, and links keep their order", "[transport][shaping]") {
-  run_in_process(2, [](in_process_transport& raw) {
-    shaped_transport t(std::move(raw), {.bits_per_second = 0, .latency = 40ms});
+TEST_CASE("shaping: latency delays every message, and links keep their order",
+          "[transport][shaping]") {
+  std::atomic<transport_clock::rep> sent{0};  // rank 0's first send, on the shared clock
+  run_in_process(2, [&](in_process_transport& raw) {
+    shaped_transport t(std::move(raw), {.bits_per_second = 0, .latency = 100ms});
     if (t.rank() == 0) {
-      const std::byte b[1] = {std::byte{7}};
+      const std::byte b[3] = {std::byte{1}, std::byte{2}, std::byte{3}};
       std::vector<shaped_request<in_process_transport>> sends;
-      for (int i = 0; i < 3; ++i) sends.push_back(t.isend(1, 1, b));
+      sent = transport_clock::now().time_since_epoch().count();
+      for (int i = 0; i < 3; ++i)
+        sends.push_back(
+            t.isend(1, 1, std::span<const std::byte>(b).subspan(static_cast<std::size_t>(i), 1)));
       CHECK_FALSE(sends[0].test());  // not released yet
       for (auto& s : sends) wait_or_throw(s, 5s, "send");
     } else {
-      const auto t0 = transport_clock::now();
-      std::byte got[1];
+      std::byte got[3];
       for (int i = 0; i < 3; ++i) {
-        auto r = t.irecv(0, 1, got);
+        auto r = t.irecv(0, 1, std::span<std::byte>(got).subspan(static_cast<std::size_t>(i), 1));
         wait_or_throw(r, 5s, "receive");
       }
+      const transport_clock::time_point t0{transport_clock::duration{sent.load()}};
       const auto waited = transport_clock::now() - t0;
-      CHECK(waited >= 35ms);
-      CHECK(waited < 400ms);
+      CHECK(waited >= 100ms);
+      CHECK(waited < 600ms);
+      CHECK(got[0] == std::byte{1});
+      CHECK(got[1] == std::byte{2});
+      CHECK(got[2] == std::byte{3});
     }
   });
 }
 
-TEST_CASE("shaping: per-rank bucket is shared by destinations, per-peer is not", "[transport][shaping]") {
+TEST_CASE("shaping: per-rank bucket is shared by destinations, per-peer is not",
+          "[transport][shaping]") {
   // Rank 0 sends 1 MiB to each of ranks 1 and 2 at 50 Mbit/s: ~0.34 s when the bucket is
   // shared, ~0.17 s with one bucket per peer.
   for (auto scope : {shaping_scope::per_rank, shaping_scope::per_peer}) {
-    double seconds = 0;
-    run_in_process(3, [&](in_process_transport& raw) {
-      shaped_transport t(std::move(raw), {.bits_per_second = 50e6, .burst_bytes = 0, .scope = scope});
-      const std::size_t n = std::size_t{1} << 20;
-      if (t.rank() == 0) {
-        const auto data = test::message_of(0, n, 1);
-        const auto t0 = transport_clock::now();
-        auto a = t.isend(1, 1, data);
-        auto b = t.isend(2, 1, data);
-        wait_or_throw(a, 10s, "a");
-        wait_or_throw(b, 10s, "b");
-        seconds = std::chrono::duration<double>(transport_clock::now() - t0).count();
-      } else {
-        message_buffer m;
-        auto r = t.irecv(0, 1, m);
-        wait_or_throw(r, 10s, "receive");
-        test::expect_message(m.span(), 0, n, 1, "per-peer");
-      }
-    });
     const double ideal = (scope == shaping_scope::per_rank ? 2.0 : 1.0) * 8.0 * (1 << 20) / 50e6;
-    CAPTURE(seconds, ideal);
-    CHECK(seconds >= ideal * 0.95);
-    CHECK(seconds <= ideal * 1.25);
+    double fastest = 1e9;
+    for (int attempt = 0; attempt < 5 && fastest > ideal * 1.25; ++attempt) {  // see measured_mbit
+      double seconds = 0;
+      run_in_process(3, [&](in_process_transport& raw) {
+        shaped_transport t(std::move(raw),
+                           {.bits_per_second = 50e6, .burst_bytes = 0, .scope = scope});
+        const std::size_t n = std::size_t{1} << 20;
+        if (t.rank() == 0) {
+          const auto data = test::message_of(0, n, 1);
+          const auto t0 = transport_clock::now();
+          auto a = t.isend(1, 1, data);
+          auto b = t.isend(2, 1, data);
+          wait_or_throw(a, 10s, "a");
+          wait_or_throw(b, 10s, "b");
+          seconds = std::chrono::duration<double>(transport_clock::now() - t0).count();
+        } else {
+          message_buffer m;
+          auto r = t.irecv(0, 1, m);
+          wait_or_throw(r, 10s, "receive");
+          test::expect_message(m.span(), 0, n, 1, "per-peer");
+        }
+      });
+      CAPTURE(seconds, ideal);
+      CHECK(seconds >= ideal * 0.95);
+      fastest = std::min(fastest, seconds);
+    }
+    CHECK(fastest <= ideal * 1.25);
   }
 }
 
 TEST_CASE("shaping: set_rate changes the link while it runs", "[transport][shaping]") {
-  run_in_process(2, [](in_process_transport& raw) {
+  std::atomic<transport_clock::rep> start{0};  // rank 0's first send, on the shared clock
+  run_in_process(2, [&](in_process_transport& raw) {
     shaped_transport t(std::move(raw), {.bits_per_second = 1e9, .burst_bytes = 0});
     CHECK_THROWS_AS(t.set_rate(-1), error);
     const std::size_t n = 512 << 10;
     for (double rate : {80e6, 20e6}) {
       t.set_rate(rate);
       CHECK(t.options().bits_per_second == rate);
-      barrier(t, {.tag = 3});
-      if (t.rank() == 0) {
-        const auto data = test::message_of(0, n, 1);
-        auto s = t.isend(1, 1, data);
-        wait_or_throw(s, 10s, "send");
-      } else {
-        message_buffer m;
-        const auto t0 = transport_clock::now();
-        auto r = t.irecv(0, 1, m);
-        wait_or_throw(r, 10s, "receive");
-        const double s = std::chrono::duration<double>(transport_clock::now() - t0).count();
-        const double ideal = 8.0 * static_cast<double>(n) / rate;
-        CHECK(s >= ideal * 0.9);
-        CHECK(s <= ideal * 1.3 + 0.01);
+      const double ideal = 8.0 * static_cast<double>(n) / rate;
+      double fastest = 1e9;
+      const auto data = test::message_of(0, n, 1);
+      for (int attempt = 0; attempt < 3 && fastest > ideal * 1.3 + 0.01;
+           ++attempt) {  // see measured_mbit
+        barrier(t, {.tag = 3});
+        if (t.rank() == 0) {
+          start = transport_clock::now().time_since_epoch().count();
+          auto s = t.isend(1, 1, data);
+          wait_or_throw(s, 10s, "send");
+        } else {
+          message_buffer m;
+          auto r = t.irecv(0, 1, m);
+          wait_or_throw(r, 10s, "receive");
+          const transport_clock::time_point t0{transport_clock::duration{start.load()}};
+          const double s = std::chrono::duration<double>(transport_clock::now() - t0).count();
+          CHECK(s >= ideal * 0.9);
+          fastest = std::min(fastest, s);
+        }
+        // Both ranks decide on the same attempt count: rank 1 tells rank 0.
+        double verdict = fastest;
+        broadcast(t, 1, object_bytes(verdict), {.tag = 4});
+        fastest = verdict;
       }
+      CHECK(fastest <= ideal * 1.3 + 0.01);
     }
   });
 }
@@ -147,8 +193,12 @@ TEST_CASE("shaping: collectives are correct through the decorator", "[transport]
   run_in_process(4, [](in_process_transport& raw) {
     shaped_transport t(std::move(raw), {.bits_per_second = 2e9, .latency = 1ms});
     test::p2p_case(t, 5, 10);
-    test::allgather_case(t, [](int r) { return static_cast<std::size_t>(10000 + r); }, {.algorithm = allgather_algorithm::ring, .chunk_bytes = 4096}, 1);
-    test::allgather_case(t, [](int r) { return static_cast<std::size_t>(10000 + r); }, {.algorithm = allgather_algorithm::direct}, 2);
+    test::allgather_case(
+        t, [](int r) { return static_cast<std::size_t>(10000 + r); },
+        {.algorithm = allgather_algorithm::ring, .chunk_bytes = 4096}, 1);
+    test::allgather_case(
+        t, [](int r) { return static_cast<std::size_t>(10000 + r); },
+        {.algorithm = allgather_algorithm::direct}, 2);
     test::allreduce_case<float>(t, 10001, {.chunk_bytes = 4096}, 3);
     test::broadcast_case(t, 2, 5000, {}, 4);
     barrier(t);

@@ -23,8 +23,8 @@ namespace stellatrain {
 
 /// How `sparse_allgather` moves the messages.
 enum class allgather_algorithm {
-  automatic,  ///< the backend's native collective where it offers one, else direct for up
-              ///< to `direct_max_ranks` ranks, else ring
+  automatic,  ///< the backend's native collective where it offers (and enables) one, else
+              ///< direct for up to `direct_max_ranks` ranks (default 2), else ring
   ring,       ///< P-1 steps to the right neighbour, pipelined in chunks of `chunk_bytes`
   direct,     ///< every rank sends its message to every other rank at once (one step)
   native,     ///< the backend's own collective (e.g. MPI_Allgatherv); `errc::unsupported`
@@ -33,12 +33,15 @@ enum class allgather_algorithm {
 
 /// Options of `sparse_allgather`. Every rank must pass the same values (except `timeout`).
 struct allgather_options {
-  tag_type tag = 0;                                   ///< tag of every message of the call
-  std::chrono::milliseconds timeout{60'000};          ///< bound on the whole call
+  tag_type tag = 0;                           ///< tag of every message of the call
+  std::chrono::milliseconds timeout{60'000};  ///< bound on the whole call
   allgather_algorithm algorithm = allgather_algorithm::automatic;
-  std::size_t chunk_bytes = std::size_t{256} << 10;   ///< ring pipelining unit; 0 = whole messages
-  int direct_max_ranks = 4;                           ///< `automatic`: direct up to this many ranks
-  std::uint64_t max_message_bytes = std::uint64_t{1} << 40;  ///< longer announced lengths are errors
+  /// Ring pipelining unit; 0 = whole messages; `auto_chunk_bytes`: the transport's choice
+  std::size_t chunk_bytes = auto_chunk_bytes;
+  /// `automatic`: direct up to this many ranks, ring above (see `allgather_algorithm`)
+  int direct_max_ranks = 2;
+  /// Longer announced lengths are errors (before anything is allocated).
+  std::uint64_t max_message_bytes = std::uint64_t{1} << 40;
   bool abort_on_failure = true;  ///< on failure, abort the transport (every rank fails now)
 };
 
@@ -52,17 +55,19 @@ void allgather_ring(Transport& t, std::span<const std::byte> mine, std::span<mes
   const int r = t.rank();
   const int right = ring_index(r + 1, p);
   const int left = ring_index(r - 1, p);
-  const std::uint64_t chunk = opt.chunk_bytes;
+  const std::uint64_t chunk = chunk_bytes_for(t, opt.chunk_bytes);
   auto piece = [&]<class Byte>(std::span<Byte> m, std::uint64_t c) {
     if (chunk == 0) return m;
     const std::uint64_t b = c * chunk;
-    return m.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(std::min<std::uint64_t>(chunk, m.size() - b)));
+    return m.subspan(static_cast<std::size_t>(b),
+                     static_cast<std::size_t>(std::min<std::uint64_t>(chunk, m.size() - b)));
   };
   ws.lengths.resize(static_cast<std::size_t>(p));
   ws.lengths[static_cast<std::size_t>(r)] = encode_length(mine.size());
   ws.sends.push_back(t.isend(right, opt.tag, ws.lengths[static_cast<std::size_t>(r)]));
   const std::uint64_t own_chunks = message_chunk_count(mine.size(), chunk);
-  for (std::uint64_t c = 0; c < own_chunks; ++c) ws.sends.push_back(t.isend(right, opt.tag, piece(mine, c)));
+  for (std::uint64_t c = 0; c < own_chunks; ++c)
+    ws.sends.push_back(t.isend(right, opt.tag, piece(mine, c)));
 
   // Step s receives (from the left) the message of rank r-s-1 and, unless the right
   // neighbour is its origin, forwards each chunk as soon as it has arrived.
@@ -72,7 +77,10 @@ void allgather_ring(Transport& t, std::span<const std::byte> mine, std::span<mes
   for (int s = 0; s < p - 1; ++s) {
     const int origin = origin_of(s);
     auto& slot = ws.lengths[static_cast<std::size_t>(origin)];
-    await(length_recv, ctx, [&] { return "the length of rank " + std::to_string(origin) + "'s message from rank " + std::to_string(left); });
+    await(length_recv, ctx, [&] {
+      return "the length of rank " + std::to_string(origin) + "'s message from rank " +
+             std::to_string(left);
+    });
     const std::uint64_t n = decode_length(slot, opt.max_message_bytes, ctx, origin);
     message_buffer& dst = out[static_cast<std::size_t>(origin)];
     dst.resize_for_overwrite(static_cast<std::size_t>(n));
@@ -84,7 +92,8 @@ void allgather_ring(Transport& t, std::span<const std::byte> mine, std::span<mes
       ws.recvs.push_back(t.irecv(left, opt.tag, piece(dst.span(), c)));
     }
     // Post the next length behind this message's chunks (same source and tag: order holds).
-    if (s + 1 < p - 1) length_recv = t.irecv(left, opt.tag, ws.lengths[static_cast<std::size_t>(origin_of(s + 1))]);
+    if (s + 1 < p - 1)
+      length_recv = t.irecv(left, opt.tag, ws.lengths[static_cast<std::size_t>(origin_of(s + 1))]);
     for (std::uint64_t c = 0; c < chunks; ++c) {
       await(ws.recvs[static_cast<std::size_t>(c)], ctx, [&] {
         return "chunk " + std::to_string(c + 1) + " of " + std::to_string(chunks) + " of rank " +
@@ -96,10 +105,41 @@ void allgather_ring(Transport& t, std::span<const std::byte> mine, std::span<mes
   await_sends(ws, ctx);
 }
 
+// Direct on a transport with receives of unknown length: one message per peer, every
+// receive posted before any wait (so senders copy straight into place where they can).
+template <message_transport Transport>
+void allgather_direct_messages(Transport& t, std::span<const std::byte> mine,
+                               std::span<message_buffer> out, const allgather_options& opt,
+                               collective_workspace<Transport>& ws, const collective_context& ctx) {
+  const int p = t.size();
+  const int r = t.rank();
+  for (int k = 1; k < p; ++k) {
+    const int src = ring_index(r - k, p);
+    ws.recvs.push_back(t.irecv(src, opt.tag, out[static_cast<std::size_t>(src)]));
+  }
+  for (int k = 1; k < p; ++k) ws.sends.push_back(t.isend(ring_index(r + k, p), opt.tag, mine));
+  for (int k = 1; k < p; ++k) {
+    const int src = ring_index(r - k, p);
+    await(ws.recvs[static_cast<std::size_t>(k - 1)], ctx,
+          [&] { return "rank " + std::to_string(src) + "'s message"; });
+    if (out[static_cast<std::size_t>(src)].size() > opt.max_message_bytes) {
+      throw_error(errc::malformed_message,
+                  ctx.where() + ": rank " + std::to_string(src) + "'s message has " +
+                      std::to_string(out[static_cast<std::size_t>(src)].size()) +
+                      " bytes, above the limit of " + std::to_string(opt.max_message_bytes));
+    }
+  }
+  await_sends(ws, ctx);
+}
+
 template <transport Transport>
 void allgather_direct(Transport& t, std::span<const std::byte> mine, std::span<message_buffer> out,
                       const allgather_options& opt, collective_workspace<Transport>& ws,
                       const collective_context& ctx) {
+  if constexpr (message_transport<Transport>) {
+    allgather_direct_messages(t, mine, out, opt, ws, ctx);
+    return;
+  }
   const int p = t.size();
   const int r = t.rank();
   ws.lengths.resize(static_cast<std::size_t>(p));
@@ -120,7 +160,8 @@ void allgather_direct(Transport& t, std::span<const std::byte> mine, std::span<m
     const int src = ring_index(r - k, p);
     await(ws.recvs[length_base + static_cast<std::size_t>(k - 1)], ctx,
           [&] { return "the length of rank " + std::to_string(src) + "'s message"; });
-    const std::uint64_t n = decode_length(ws.lengths[static_cast<std::size_t>(src)], opt.max_message_bytes, ctx, src);
+    const std::uint64_t n =
+        decode_length(ws.lengths[static_cast<std::size_t>(src)], opt.max_message_bytes, ctx, src);
     message_buffer& dst = out[static_cast<std::size_t>(src)];
     dst.resize_for_overwrite(static_cast<std::size_t>(n));
     if (n != 0) {
@@ -133,7 +174,8 @@ void allgather_direct(Transport& t, std::span<const std::byte> mine, std::span<m
     const std::size_t at = ws.marks[static_cast<std::size_t>(src)];
     if (at == static_cast<std::size_t>(-1)) continue;
     await(ws.recvs[at], ctx, [&] {
-      return "rank " + std::to_string(src) + "'s message of " + std::to_string(out[static_cast<std::size_t>(src)].size()) + " bytes";
+      return "rank " + std::to_string(src) + "'s message of " +
+             std::to_string(out[static_cast<std::size_t>(src)].size()) + " bytes";
     });
   }
   await_sends(ws, ctx);
@@ -150,8 +192,12 @@ void allgather_direct(Transport& t, std::span<const std::byte> mine, std::span<m
 /// - Algorithms (`allgather_options::algorithm`): ring — P-1 steps to the right neighbour,
 ///   each message cut into `chunk_bytes` chunks that are forwarded as soon as they arrive, so
 ///   a long message pays the ring's latency once, not P-1 times; direct — every rank sends
-///   its message to all others in one step (P-1 messages in flight per rank; best for few
-///   ranks and high latency); native — the backend's own (MPI).
+///   its message to all others in one step (P-1 messages in flight per rank: one latency
+///   instead of P-1, best for small messages; but P-1 flows share each access link, which
+///   some TCP congestion controls handle badly); native — the backend's own (MPI).
+///   Measured on an emulated 100 Mbit/s, 20 ms RTT WAN with 4 ranks and 800 kB messages
+///   (bench/wan/transport.sh), the ring reached 84-89% of the link rate, direct 44-87%
+///   depending on the congestion control: `automatic` uses direct only for 2 ranks.
 ///   Each message is preceded by its length (8 bytes), so receivers never need to know
 ///   lengths in advance; lengths above `max_message_bytes` are rejected before anything is
 ///   allocated.
@@ -173,16 +219,20 @@ void allgather_direct(Transport& t, std::span<const std::byte> mine, std::span<m
 template <transport Transport>
 void sparse_allgather(Transport& t, std::span<const std::byte> mine, std::span<message_buffer> out,
                       const allgather_options& opt, collective_workspace<Transport>& ws) {
-  static_assert(!device_memory_transport<Transport>,
-                "sparse_allgather gathers into host buffers; device-memory transports have their own "
-                "(nccl_transport::sparse_allgather)");
+  static_assert(
+      !device_memory_transport<Transport>,
+      "sparse_allgather gathers into host buffers; device-memory transports have their own "
+      "(nccl_transport::sparse_allgather)");
   const int p = t.size();
   if (out.size() != static_cast<std::size_t>(p)) {
     throw_error(errc::invalid_argument, "sparse_allgather: " + std::to_string(out.size()) +
                                             " output buffers for " + std::to_string(p) + " ranks");
   }
-  if (opt.algorithm == allgather_algorithm::automatic || opt.algorithm == allgather_algorithm::native) {
-    if constexpr (requires { { t.native_sparse_allgather(mine, out, opt) } -> std::same_as<bool>; }) {
+  if (opt.algorithm == allgather_algorithm::automatic ||
+      opt.algorithm == allgather_algorithm::native) {
+    if constexpr (requires {
+                    { t.native_sparse_allgather(mine, out, opt) } -> std::same_as<bool>;
+                  }) {
       if (t.native_sparse_allgather(mine, out, opt)) return;
     }
     if (opt.algorithm == allgather_algorithm::native) {
@@ -191,9 +241,11 @@ void sparse_allgather(Transport& t, std::span<const std::byte> mine, std::span<m
   }
   out[static_cast<std::size_t>(t.rank())].assign(mine);
   if (p == 1) return;
-  const bool direct = opt.algorithm == allgather_algorithm::direct ||
-                      (opt.algorithm == allgather_algorithm::automatic && p <= opt.direct_max_ranks);
-  const auto ctx = detail::make_context(t, "sparse_allgather", direct ? "direct" : "ring", opt.tag, opt.timeout);
+  const bool direct =
+      opt.algorithm == allgather_algorithm::direct ||
+      (opt.algorithm == allgather_algorithm::automatic && p <= opt.direct_max_ranks);
+  const auto ctx =
+      detail::make_context(t, "sparse_allgather", direct ? "direct" : "ring", opt.tag, opt.timeout);
   detail::run_collective(t, ws, opt.abort_on_failure, [&] {
     if (direct) {
       detail::allgather_direct(t, mine, out, opt, ws, ctx);

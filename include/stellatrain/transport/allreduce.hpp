@@ -28,10 +28,11 @@ enum class allreduce_algorithm {
 
 /// Options of `dense_allreduce`. Every rank must pass the same values (except `timeout`).
 struct allreduce_options {
-  tag_type tag = 0;                                   ///< tag of every message of the call
-  std::chrono::milliseconds timeout{60'000};          ///< bound on the whole call
+  tag_type tag = 0;                           ///< tag of every message of the call
+  std::chrono::milliseconds timeout{60'000};  ///< bound on the whole call
   allreduce_algorithm algorithm = allreduce_algorithm::automatic;
-  std::size_t chunk_bytes = std::size_t{256} << 10;   ///< pipelining unit; 0 = whole segments
+  /// Pipelining unit; 0 = whole segments; `auto_chunk_bytes`: the transport's choice
+  std::size_t chunk_bytes = auto_chunk_bytes;
   bool average = false;          ///< divide the sum by the number of ranks (floating point)
   bool abort_on_failure = true;  ///< on failure, abort the transport (every rank fails now)
 };
@@ -40,10 +41,12 @@ namespace detail {
 
 // dst += src; integers wrap (signed ones are added as unsigned: no overflow UB).
 template <class V>
-void add_into(V* STELLATRAIN_RESTRICT dst, const V* STELLATRAIN_RESTRICT src, std::size_t n) noexcept {
+void add_into(V* STELLATRAIN_RESTRICT dst, const V* STELLATRAIN_RESTRICT src,
+              std::size_t n) noexcept {
   if constexpr (std::is_integral_v<V> && std::is_signed_v<V>) {
     using U = std::make_unsigned_t<V>;
-    for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<V>(static_cast<U>(static_cast<U>(dst[i]) + static_cast<U>(src[i])));
+    for (std::size_t i = 0; i < n; ++i)
+      dst[i] = static_cast<V>(static_cast<U>(static_cast<U>(dst[i]) + static_cast<U>(src[i])));
   } else {
     for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<V>(dst[i] + src[i]);
   }
@@ -64,7 +67,9 @@ void allreduce_ring(Transport& t, std::span<V> data, const allreduce_options& op
   const int right = ring_index(r + 1, p);
   const int left = ring_index(r - 1, p);
   const std::uint64_t n = data.size();
-  const std::uint64_t chunk = opt.chunk_bytes == 0 ? 0 : std::max<std::uint64_t>(1, opt.chunk_bytes / sizeof(V));
+  const std::size_t chunk_bytes = chunk_bytes_for(t, opt.chunk_bytes);
+  const std::uint64_t chunk =
+      chunk_bytes == 0 ? 0 : std::max<std::uint64_t>(1, chunk_bytes / sizeof(V));
   auto seg_begin = [&](int s) { return segment_begin(n, p, s); };
   auto seg_size = [&](int s) { return seg_begin(s + 1) - seg_begin(s); };
   auto chunks_of = [&](int s) { return message_chunk_count(seg_size(s), chunk); };
@@ -84,7 +89,8 @@ void allreduce_ring(Transport& t, std::span<V> data, const allreduce_options& op
   // Two segment-sized receive buffers: step s receives into half s % 2 while the next
   // step's receives are already posted into the other half.
   ws.scratch.resize_for_overwrite(static_cast<std::size_t>(2 * max_seg * sizeof(V)));
-  V* half[2] = {reinterpret_cast<V*>(ws.scratch.data()), reinterpret_cast<V*>(ws.scratch.data()) + max_seg};
+  V* half[2] = {reinterpret_cast<V*>(ws.scratch.data()),
+                reinterpret_cast<V*>(ws.scratch.data()) + max_seg};
 
   // ---- reduce-scatter: step s sends segment r-s, receives segment r-s-1 and adds it.
   ws.marks.assign(static_cast<std::size_t>(p), 0);  // marks[s]: first send of RS step s
@@ -116,11 +122,12 @@ void allreduce_ring(Transport& t, std::span<V> data, const allreduce_options& op
     if (theirs != shape) {
       auto describe = [](std::uint64_t s) {
         static constexpr const char* kinds[] = {"unsigned", "signed", "floating-point", "?"};
-        return std::to_string(s >> 8) + " " + kinds[std::min<std::uint64_t>((s >> 4) & 15u, 3)] + " elements of " +
-               std::to_string(s & 15u) + " bytes";
+        return std::to_string(s >> 8) + " " + kinds[std::min<std::uint64_t>((s >> 4) & 15u, 3)] +
+               " elements of " + std::to_string(s & 15u) + " bytes";
       };
-      throw_error(errc::size_mismatch, ctx.where() + ": rank " + std::to_string(left) + " reduces " +
-                                           describe(theirs) + ", this rank " + describe(shape));
+      throw_error(errc::size_mismatch, ctx.where() + ": rank " + std::to_string(left) +
+                                           " reduces " + describe(theirs) + ", this rank " +
+                                           describe(shape));
     }
   }
   std::size_t recv_at = 0;
@@ -135,13 +142,14 @@ void allreduce_ring(Transport& t, std::span<V> data, const allreduce_options& op
     for (std::uint64_t c = 0; c < chunks; ++c) {
       await(ws.recvs[mine_at + static_cast<std::size_t>(c)], ctx, [&] {
         return "reduce-scatter step " + std::to_string(s + 1) + ": chunk " + std::to_string(c + 1) +
-               " of " + std::to_string(chunks) + " of segment " + std::to_string(seg) + " from rank " +
-               std::to_string(left);
+               " of " + std::to_string(chunks) + " of segment " + std::to_string(seg) +
+               " from rank " + std::to_string(left);
       });
       auto dst = part(data.data(), seg, c, false);
       auto src = part(static_cast<const V*>(half[s % 2]), seg, c, true);
       add_into(dst.data(), src.data(), dst.size());
-      if (s + 1 < p - 1) ws.sends.push_back(t.isend(right, opt.tag, cbytes(std::span<const V>(dst))));
+      if (s + 1 < p - 1)
+        ws.sends.push_back(t.isend(right, opt.tag, cbytes(std::span<const V>(dst))));
     }
   }
   const std::size_t rs_sends_end = ws.sends.size();
@@ -172,7 +180,8 @@ void allreduce_ring(Transport& t, std::span<V> data, const allreduce_options& op
     }
   };
   for (std::uint64_t c = 0; c < chunks_of(owned); ++c) {
-    ws.sends.push_back(t.isend(right, opt.tag, cbytes(part(static_cast<const V*>(data.data()), owned, c, false))));
+    ws.sends.push_back(
+        t.isend(right, opt.tag, cbytes(part(static_cast<const V*>(data.data()), owned, c, false))));
   }
   recv_at = 0;
   post_ag_recvs(0);
@@ -184,12 +193,13 @@ void allreduce_ring(Transport& t, std::span<V> data, const allreduce_options& op
     if (s + 1 < p - 1) post_ag_recvs(s + 1);
     for (std::uint64_t c = 0; c < chunks; ++c) {
       await(ws.recvs[mine_at + static_cast<std::size_t>(c)], ctx, [&] {
-        return "all-gather step " + std::to_string(s + 1) + ": chunk " + std::to_string(c + 1) + " of " +
-               std::to_string(chunks) + " of segment " + std::to_string(seg) + " from rank " +
-               std::to_string(left);
+        return "all-gather step " + std::to_string(s + 1) + ": chunk " + std::to_string(c + 1) +
+               " of " + std::to_string(chunks) + " of segment " + std::to_string(seg) +
+               " from rank " + std::to_string(left);
       });
       if (s + 1 < p - 1) {
-        ws.sends.push_back(t.isend(right, opt.tag, cbytes(part(static_cast<const V*>(data.data()), seg, c, false))));
+        ws.sends.push_back(t.isend(
+            right, opt.tag, cbytes(part(static_cast<const V*>(data.data()), seg, c, false))));
       }
     }
   }
@@ -218,14 +228,19 @@ void allreduce_ring(Transport& t, std::span<V> data, const allreduce_options& op
 ///   stellatrain::dense_allreduce(t, std::span<float>(grad), {.tag = 1, .average = true});
 /// \endcode
 template <transport Transport, class V>
-  requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
-void dense_allreduce(Transport& t, std::span<V> data, const allreduce_options& opt,
-                     collective_workspace<Transport>& ws) {
+requires(std::is_arithmetic_v<V> &&
+         !std::is_same_v<V, bool>) void dense_allreduce(Transport& t, std::span<V> data,
+                                                        const allreduce_options& opt,
+                                                        collective_workspace<Transport>& ws) {
   if (opt.average && !std::is_floating_point_v<V>) {
-    throw_error(errc::invalid_argument, "dense_allreduce: average needs a floating-point element type");
+    throw_error(errc::invalid_argument,
+                "dense_allreduce: average needs a floating-point element type");
   }
-  if (opt.algorithm == allreduce_algorithm::automatic || opt.algorithm == allreduce_algorithm::native) {
-    if constexpr (requires { { t.native_allreduce(data, opt) } -> std::same_as<bool>; }) {
+  if (opt.algorithm == allreduce_algorithm::automatic ||
+      opt.algorithm == allreduce_algorithm::native) {
+    if constexpr (requires {
+                    { t.native_allreduce(data, opt) } -> std::same_as<bool>;
+                  }) {
       if (t.native_allreduce(data, opt)) return;
     }
     if (opt.algorithm == allreduce_algorithm::native) {
@@ -234,13 +249,15 @@ void dense_allreduce(Transport& t, std::span<V> data, const allreduce_options& o
   }
   if (t.size() == 1) return;
   const auto ctx = detail::make_context(t, "dense_allreduce", "ring", opt.tag, opt.timeout);
-  detail::run_collective(t, ws, opt.abort_on_failure, [&] { detail::allreduce_ring(t, data, opt, ws, ctx); });
+  detail::run_collective(t, ws, opt.abort_on_failure,
+                         [&] { detail::allreduce_ring(t, data, opt, ws, ctx); });
 }
 
 /// As above with a temporary workspace (allocates per call).
 template <transport Transport, class V>
-  requires(std::is_arithmetic_v<V> && !std::is_same_v<V, bool>)
-void dense_allreduce(Transport& t, std::span<V> data, const allreduce_options& opt = {}) {
+requires(std::is_arithmetic_v<V> &&
+         !std::is_same_v<V, bool>) void dense_allreduce(Transport& t, std::span<V> data,
+                                                        const allreduce_options& opt = {}) {
   collective_workspace<Transport> ws;
   dense_allreduce(t, data, opt, ws);
 }

@@ -44,11 +44,14 @@ class any_request {
   // The same-type test comes first: it short-circuits the concept check that would
   // otherwise ask whether any_request is constructible from itself, recursively.
   template <class R>
-    requires(!std::is_same_v<std::remove_cvref_t<R>, any_request> && transport_request<std::remove_cvref_t<R>>)
-  explicit any_request(R&& r) : impl_(std::make_unique<detail::any_request_model<std::remove_cvref_t<R>>>(std::move(r))) {}
+  requires(!std::is_same_v<std::remove_cvref_t<R>, any_request> &&
+           transport_request<std::remove_cvref_t<R>>) explicit any_request(R&& r)
+      : impl_(std::make_unique<detail::any_request_model<std::remove_cvref_t<R>>>(std::move(r))) {}
 
   bool test() { return impl_ == nullptr || impl_->test(); }
-  bool wait_until(transport_clock::time_point d) { return impl_ == nullptr || impl_->wait_until(d); }
+  bool wait_until(transport_clock::time_point d) {
+    return impl_ == nullptr || impl_->wait_until(d);
+  }
 
  private:
   std::unique_ptr<detail::any_request_base> impl_;
@@ -66,6 +69,7 @@ struct any_transport_base {
   virtual any_request irecv(int, tag_type, std::span<std::byte>) = 0;
   virtual any_request irecv(int, tag_type, message_buffer&) = 0;
   virtual void abort(std::string_view) noexcept = 0;
+  virtual std::size_t preferred_chunk_bytes() const noexcept = 0;
 };
 
 template <class T>
@@ -102,10 +106,14 @@ struct any_transport_model final : any_transport_base {
     if constexpr (message_transport<inner>) {
       return any_request(get().irecv(p, tag, m));
     } else {
-      throw_error(errc::unsupported, "any_transport: the held transport has no receive of unknown length");
+      throw_error(errc::unsupported,
+                  "any_transport: the held transport has no receive of unknown length");
     }
   }
   void abort(std::string_view reason) noexcept override { abort_transport(get(), reason); }
+  std::size_t preferred_chunk_bytes() const noexcept override {
+    return chunk_bytes_for(get(), auto_chunk_bytes);
+  }
 
   T t;
 };
@@ -128,7 +136,8 @@ struct unwrap_transport<std::reference_wrapper<T>> {
 /// `std::ref(transport)`. Native collectives of the held transport are not used through it.
 ///
 /// \code
-///   stellatrain::any_transport t = use_mpi ? stellatrain::any_transport(stellatrain::mpi_transport{})
+///   stellatrain::any_transport t = use_mpi ?
+///   stellatrain::any_transport(stellatrain::mpi_transport{})
 ///                                          : stellatrain::any_transport(std::move(in_process));
 ///   stellatrain::barrier(t);
 /// \endcode
@@ -137,20 +146,30 @@ class any_transport {
   using request_type = any_request;
 
   template <class T>
-    requires(!std::is_same_v<std::remove_cvref_t<T>, any_transport> &&
-             transport<typename detail::unwrap_transport<std::remove_cvref_t<T>>::type>)
-  explicit any_transport(T&& t)
-      : impl_(std::make_unique<detail::any_transport_model<std::remove_cvref_t<T>>>(std::forward<T>(t))) {}
+  requires(!std::is_same_v<std::remove_cvref_t<T>, any_transport> &&
+           transport<typename detail::unwrap_transport<
+               std::remove_cvref_t<T>>::type>) explicit any_transport(T&& t)
+      : impl_(std::make_unique<detail::any_transport_model<std::remove_cvref_t<T>>>(
+            std::forward<T>(t))) {}
 
   any_transport(any_transport&&) noexcept = default;
   any_transport& operator=(any_transport&&) noexcept = default;
 
   [[nodiscard]] int rank() const noexcept { return impl_->rank(); }
   [[nodiscard]] int size() const noexcept { return impl_->size(); }
-  any_request isend(int dest, tag_type tag, std::span<const std::byte> bytes) { return impl_->isend(dest, tag, bytes); }
-  any_request irecv(int source, tag_type tag, std::span<std::byte> into) { return impl_->irecv(source, tag, into); }
-  any_request irecv(int source, tag_type tag, message_buffer& into) { return impl_->irecv(source, tag, into); }
+  any_request isend(int dest, tag_type tag, std::span<const std::byte> bytes) {
+    return impl_->isend(dest, tag, bytes);
+  }
+  any_request irecv(int source, tag_type tag, std::span<std::byte> into) {
+    return impl_->irecv(source, tag, into);
+  }
+  any_request irecv(int source, tag_type tag, message_buffer& into) {
+    return impl_->irecv(source, tag, into);
+  }
   void abort(std::string_view reason) noexcept { impl_->abort(reason); }
+  [[nodiscard]] std::size_t preferred_chunk_bytes() const noexcept {
+    return impl_->preferred_chunk_bytes();
+  }
 
  private:
   std::unique_ptr<detail::any_transport_base> impl_;

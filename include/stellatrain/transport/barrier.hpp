@@ -31,7 +31,9 @@ struct barrier_options {
 /// \endcode
 template <transport Transport>
 void barrier(Transport& t, const barrier_options& opt, collective_workspace<Transport>& ws) {
-  if constexpr (requires { { t.native_barrier(opt) } -> std::same_as<bool>; }) {
+  if constexpr (requires {
+                  { t.native_barrier(opt) } -> std::same_as<bool>;
+                }) {
     if (t.native_barrier(opt)) return;
   }
   const int p = t.size();
@@ -44,7 +46,9 @@ void barrier(Transport& t, const barrier_options& opt, collective_workspace<Tran
       const int from = detail::ring_index(r - step, p);
       ws.sends.push_back(t.isend(to, opt.tag, std::span<const std::byte>{}));
       auto got = t.irecv(from, opt.tag, std::span<std::byte>{});
-      detail::await(got, ctx, [&] { return "round " + std::to_string(step) + " from rank " + std::to_string(from); });
+      detail::await(got, ctx, [&] {
+        return "round " + std::to_string(step) + " from rank " + std::to_string(from);
+      });
     }
     detail::await_sends(ws, ctx);
   });

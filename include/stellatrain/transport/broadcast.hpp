@@ -22,10 +22,12 @@ namespace stellatrain {
 
 /// Options of `broadcast`. Every rank must pass the same values (except `timeout`).
 struct broadcast_options {
-  tag_type tag = 0;                                   ///< tag of every message of the call
-  std::chrono::milliseconds timeout{60'000};          ///< bound on the whole call
-  std::size_t chunk_bytes = std::size_t{256} << 10;   ///< pipelining unit; 0 = whole message
-  std::uint64_t max_message_bytes = std::uint64_t{1} << 40;  ///< longer announced lengths are errors
+  tag_type tag = 0;                           ///< tag of every message of the call
+  std::chrono::milliseconds timeout{60'000};  ///< bound on the whole call
+  /// Pipelining unit; 0 = whole message; `auto_chunk_bytes`: the transport's choice
+  std::size_t chunk_bytes = auto_chunk_bytes;
+  /// Longer announced lengths are errors (before anything is allocated).
+  std::uint64_t max_message_bytes = std::uint64_t{1} << 40;
   bool abort_on_failure = true;  ///< on failure, abort the transport (every rank fails now)
 };
 
@@ -35,20 +37,21 @@ namespace detail {
 // predecessor and forwards each chunk to its successor as soon as it has arrived.
 // `prepare(n)` gives the span of n bytes to receive into (on non-roots).
 template <transport Transport, class Prepare>
-void broadcast_chain(Transport& t, int root, std::span<const std::byte> root_data, Prepare&& prepare,
-                     const broadcast_options& opt, collective_workspace<Transport>& ws,
-                     const collective_context& ctx) {
+void broadcast_chain(Transport& t, int root, std::span<const std::byte> root_data,
+                     Prepare&& prepare, const broadcast_options& opt,
+                     collective_workspace<Transport>& ws, const collective_context& ctx) {
   const int p = t.size();
   const int r = t.rank();
   const int pos = ring_index(r - root, p);
   const int prev = ring_index(r - 1, p);
   const int next = ring_index(r + 1, p);
   const bool has_next = pos + 1 < p;
-  const std::uint64_t chunk = opt.chunk_bytes;
+  const std::uint64_t chunk = chunk_bytes_for(t, opt.chunk_bytes);
   auto piece = [&]<class Byte>(std::span<Byte> m, std::uint64_t c) {
     if (chunk == 0) return m;
     const std::uint64_t b = c * chunk;
-    return m.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(std::min<std::uint64_t>(chunk, m.size() - b)));
+    return m.subspan(static_cast<std::size_t>(b),
+                     static_cast<std::size_t>(std::min<std::uint64_t>(chunk, m.size() - b)));
   };
   ws.lengths.resize(1);
   if (pos == 0) {
@@ -62,18 +65,24 @@ void broadcast_chain(Transport& t, int root, std::span<const std::byte> root_dat
   }
   {
     auto length_recv = t.irecv(prev, opt.tag, ws.lengths[0]);
-    await(length_recv, ctx, [&] { return "the length of rank " + std::to_string(root) + "'s message from rank " + std::to_string(prev); });
+    await(length_recv, ctx, [&] {
+      return "the length of rank " + std::to_string(root) + "'s message from rank " +
+             std::to_string(prev);
+    });
   }
   const std::uint64_t n = decode_length(ws.lengths[0], opt.max_message_bytes, ctx, root);
   std::span<std::byte> dst = prepare(n);
   if (has_next) ws.sends.push_back(t.isend(next, opt.tag, ws.lengths[0]));
   const std::uint64_t chunks = message_chunk_count(n, chunk);
-  for (std::uint64_t c = 0; c < chunks; ++c) ws.recvs.push_back(t.irecv(prev, opt.tag, piece(dst, c)));
+  for (std::uint64_t c = 0; c < chunks; ++c)
+    ws.recvs.push_back(t.irecv(prev, opt.tag, piece(dst, c)));
   for (std::uint64_t c = 0; c < chunks; ++c) {
     await(ws.recvs[static_cast<std::size_t>(c)], ctx, [&] {
-      return "chunk " + std::to_string(c + 1) + " of " + std::to_string(chunks) + " from rank " + std::to_string(prev);
+      return "chunk " + std::to_string(c + 1) + " of " + std::to_string(chunks) + " from rank " +
+             std::to_string(prev);
     });
-    if (has_next) ws.sends.push_back(t.isend(next, opt.tag, piece(std::span<const std::byte>(dst), c)));
+    if (has_next)
+      ws.sends.push_back(t.isend(next, opt.tag, piece(std::span<const std::byte>(dst), c)));
   }
   await_sends(ws, ctx);
 }
@@ -102,8 +111,9 @@ inline void check_root(int root, int size, const char* name) {
 template <transport Transport>
 void broadcast(Transport& t, int root, message_buffer& data, const broadcast_options& opt,
                collective_workspace<Transport>& ws) {
-  static_assert(!device_memory_transport<Transport>,
-                "a message_buffer is host memory; broadcast device memory through the span overload");
+  static_assert(
+      !device_memory_transport<Transport>,
+      "a message_buffer is host memory; broadcast device memory through the span overload");
   detail::check_root(root, t.size(), "broadcast");
   if (t.size() == 1) return;
   const auto ctx = detail::make_context(t, "broadcast", "chain", opt.tag, opt.timeout);
@@ -125,7 +135,9 @@ template <transport Transport>
 void broadcast(Transport& t, int root, std::span<std::byte> data, const broadcast_options& opt,
                collective_workspace<Transport>& ws) {
   detail::check_root(root, t.size(), "broadcast");
-  if constexpr (requires { { t.native_broadcast(root, data, opt) } -> std::same_as<bool>; }) {
+  if constexpr (requires {
+                  { t.native_broadcast(root, data, opt) } -> std::same_as<bool>;
+                }) {
     if (t.native_broadcast(root, data, opt)) return;
   }
   if (t.size() == 1) return;
@@ -136,7 +148,8 @@ void broadcast(Transport& t, int root, std::span<std::byte> data, const broadcas
         [&](std::uint64_t n) {
           if (n != data.size()) {
             throw_error(errc::size_mismatch, ctx.where() + ": the root sends " + std::to_string(n) +
-                                                 " bytes, this rank expects " + std::to_string(data.size()));
+                                                 " bytes, this rank expects " +
+                                                 std::to_string(data.size()));
           }
           return data;
         },
@@ -153,7 +166,8 @@ void broadcast(Transport& t, int root, message_buffer& data, const broadcast_opt
 
 /// As above with a temporary workspace (allocates per call).
 template <transport Transport>
-void broadcast(Transport& t, int root, std::span<std::byte> data, const broadcast_options& opt = {}) {
+void broadcast(Transport& t, int root, std::span<std::byte> data,
+               const broadcast_options& opt = {}) {
   collective_workspace<Transport> ws;
   broadcast(t, root, data, opt, ws);
 }

@@ -83,11 +83,13 @@ void await(Request& request, const collective_context& ctx, What&& what) {
   try {
     done = request.wait_until(ctx.deadline);
   } catch (const error& e) {
-    throw error(static_cast<errc>(e.code().value()), ctx.where() + ": failed while waiting for " + what() + ": " + e.what());
+    throw error(static_cast<errc>(e.code().value()),
+                ctx.where() + ": failed while waiting for " + what() + ": " + e.what());
   }
   if (!done) {
-    throw error(errc::timeout, ctx.where() + ": timed out after " + std::to_string(ctx.timeout.count()) +
-                                   " ms waiting for " + what());
+    throw error(errc::timeout, ctx.where() + ": timed out after " +
+                                   std::to_string(ctx.timeout.count()) + " ms waiting for " +
+                                   what());
   }
 }
 
@@ -96,7 +98,10 @@ void await_sends(collective_workspace<Transport>& ws, const collective_context& 
                  std::size_t begin = 0, std::size_t end = static_cast<std::size_t>(-1)) {
   end = std::min(end, ws.sends.size());
   for (std::size_t i = begin; i < end; ++i) {
-    await(ws.sends[i], ctx, [&] { return "send " + std::to_string(i + 1) + " of " + std::to_string(ws.sends.size()) + " to complete"; });
+    await(ws.sends[i], ctx, [&] {
+      return "send " + std::to_string(i + 1) + " of " + std::to_string(ws.sends.size()) +
+             " to complete";
+    });
   }
 }
 
@@ -127,7 +132,8 @@ inline std::uint64_t message_chunk_count(std::uint64_t n, std::uint64_t chunk) n
 // Runs a collective's body; on failure cancels its requests, aborts the transport when asked
 // (so that every rank fails now instead of at its timeout) and rethrows.
 template <class Transport, class Body>
-void run_collective(Transport& t, collective_workspace<Transport>& ws, bool abort_on_failure, Body&& body) {
+void run_collective(Transport& t, collective_workspace<Transport>& ws, bool abort_on_failure,
+                    Body&& body) {
   ws.release_requests();
   try {
     body();

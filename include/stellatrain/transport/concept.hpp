@@ -54,12 +54,11 @@ using transport_clock = std::chrono::steady_clock;
 ///   take a send back, it marks the transport failed instead (see the backend). After the
 ///   destructor returns the backend never touches the request's buffer again.
 template <class R>
-concept transport_request =
-    std::movable<R> && std::default_initializable<R> &&
+concept transport_request = std::movable<R> && std::default_initializable<R> &&
     requires(R& r, transport_clock::time_point deadline) {
-      { r.test() } -> std::same_as<bool>;
-      { r.wait_until(deadline) } -> std::same_as<bool>;
-    };
+  { r.test() } -> std::same_as<bool>;
+  { r.wait_until(deadline) } -> std::same_as<bool>;
+};
 
 /// P ranks that send each other tagged messages of bytes.
 ///
@@ -80,6 +79,8 @@ concept transport_request =
 ///   (receives may be posted after the send; every backend buffers or defers). A program that
 ///   posts its receives before waiting for its sends cannot deadlock.
 /// - Thread safety: every member function may be called from several threads at once.
+/// - A transport may also provide `t.preferred_chunk_bytes()`: the pipelining chunk the
+///   collectives use on it by default (see `auto_chunk_bytes`).
 /// - A transport may also provide `t.abort(reason)` (noexcept): it marks the transport
 ///   failed and tells the other ranks, whose pending and later operations then fail with
 ///   `errc::peer_failure` instead of waiting for their timeouts. Collectives call it when
@@ -119,8 +120,10 @@ concept transport = requires(T& t, const T& ct, int peer, tag_type tag,
                              std::span<const std::byte> out, std::span<std::byte> in) {
   typename T::request_type;
   requires transport_request<typename T::request_type>;
-  { ct.rank() } noexcept -> std::same_as<int>;
-  { ct.size() } noexcept -> std::same_as<int>;
+  { ct.rank() }
+  noexcept->std::same_as<int>;
+  { ct.size() }
+  noexcept->std::same_as<int>;
   { t.isend(peer, tag, out) } -> std::same_as<typename T::request_type>;
   { t.irecv(peer, tag, in) } -> std::same_as<typename T::request_type>;
 };
@@ -132,27 +135,48 @@ concept transport = requires(T& t, const T& ct, int peer, tag_type tag,
 /// holds its bytes. `m` must stay alive, and must not be used, until the request completes.
 /// Ordering with the span form is shared (one queue of receives per source and tag).
 template <class T>
-concept message_transport =
-    transport<T> && requires(T& t, int peer, tag_type tag, message_buffer& m) {
-      { t.irecv(peer, tag, m) } -> std::same_as<typename T::request_type>;
-    };
+concept message_transport = transport<T> &&
+    requires(T& t, int peer, tag_type tag, message_buffer& m) {
+  { t.irecv(peer, tag, m) } -> std::same_as<typename T::request_type>;
+};
+
+/// The chunk size the collectives use when their options say `auto_chunk_bytes`: the
+/// transport's `preferred_chunk_bytes()` where it has one (MPI: below the eager limit, so that
+/// no chunk waits for a rendezvous round trip), else 256 KiB. Every rank must get the same
+/// value (same backend, same options).
+inline constexpr std::size_t auto_chunk_bytes = static_cast<std::size_t>(-1);
+
+/// The chunk size for `requested` on `t` (see `auto_chunk_bytes`; 0 means whole messages).
+template <class T>
+[[nodiscard]] std::size_t chunk_bytes_for(const T& t, std::size_t requested) noexcept {
+  if (requested != auto_chunk_bytes) return requested;
+  if constexpr (requires {
+                  { t.preferred_chunk_bytes() } -> std::convertible_to<std::size_t>;
+                }) {
+    return t.preferred_chunk_bytes();
+  } else {
+    return std::size_t{256} << 10;
+  }
+}
 
 /// True for transports whose spans are device memory (`nccl_transport`): the generic
 /// point-to-point collectives cannot run on them (they read lengths on the host), only the
 /// transport's native ones.
 template <class T>
-inline constexpr bool device_memory_transport = requires { requires T::device_memory; };
+inline constexpr bool device_memory_transport = requires {
+  requires T::device_memory;
+};
 
 /// Views an object's bytes, for sending trivially copyable values (lengths, flags).
 template <class T>
-  requires std::is_trivially_copyable_v<T>
+requires std::is_trivially_copyable_v<T>
 [[nodiscard]] std::span<const std::byte> object_bytes(const T& value) noexcept {
   return {reinterpret_cast<const std::byte*>(&value), sizeof(T)};
 }
 
 /// Writable view of an object's bytes, for receiving trivially copyable values.
 template <class T>
-  requires std::is_trivially_copyable_v<T>
+requires std::is_trivially_copyable_v<T>
 [[nodiscard]] std::span<std::byte> object_bytes(T& value) noexcept {
   return {reinterpret_cast<std::byte*>(&value), sizeof(T)};
 }

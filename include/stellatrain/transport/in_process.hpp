@@ -34,7 +34,12 @@ enum class inproc_kind : std::uint8_t { send, recv_span, recv_buffer };
 // final. pending -> taken happens under the mutex of the rank whose queue holds the op (the
 // receiver); every change is followed by lock/unlock of the owner's mutex and a notify of its
 // condition variable, so that waiters never miss a completion.
-enum inproc_state : int { inproc_pending = 0, inproc_taken = 1, inproc_done = 2, inproc_failed = 3 };
+enum inproc_state : int {
+  inproc_pending = 0,
+  inproc_taken = 1,
+  inproc_done = 2,
+  inproc_failed = 3
+};
 
 struct inproc_op {
   std::atomic<int> state{inproc_pending};
@@ -60,7 +65,8 @@ struct inproc_rank {
 };
 
 struct inproc_world {
-  explicit inproc_world(int n) : size(n), ranks(std::make_unique<inproc_rank[]>(static_cast<std::size_t>(n))) {}
+  explicit inproc_world(int n)
+      : size(n), ranks(std::make_unique<inproc_rank[]>(static_cast<std::size_t>(n))) {}
 
   inproc_world(const inproc_world&) = delete;
   inproc_world& operator=(const inproc_world&) = delete;
@@ -121,7 +127,8 @@ struct inproc_world {
       std::lock_guard lock(fail_mutex);
       if (failed.load(std::memory_order_relaxed)) return;
       try {
-        fail_message = "in_process: rank " + std::to_string(rank) + " aborted: " + std::string(reason);
+        fail_message =
+            "in_process: rank " + std::to_string(rank) + " aborted: " + std::string(reason);
       } catch (...) {
       }
       fail_rank = rank;
@@ -166,7 +173,8 @@ inline void inproc_deliver(inproc_world& w, inproc_op* send, inproc_op* recv) no
     } catch (const std::exception& e) {
       w.fail_op(recv, errc::resource_exhausted, e.what());
       w.fail_op(send, errc::peer_failure,
-                "in_process: rank " + std::to_string(recv->owner) + " could not store the message: " + e.what());
+                "in_process: rank " + std::to_string(recv->owner) +
+                    " could not store the message: " + e.what());
       return;
     }
     target = recv->recv_buffer->data();
@@ -239,7 +247,8 @@ class in_process_request {
 
  private:
   friend class in_process_transport;
-  in_process_request(detail::inproc_world* w, detail::inproc_op* op) noexcept : world_(w), op_(op) {}
+  in_process_request(detail::inproc_world* w, detail::inproc_op* op) noexcept
+      : world_(w), op_(op) {}
 
   bool check(int state) {
     if (state == detail::inproc_done) {
@@ -274,7 +283,8 @@ class in_process_request {
     detail::inproc_rank& me = world_->ranks[static_cast<std::size_t>(op->owner)];
     {
       std::unique_lock lock(me.mutex);
-      me.cv.wait(lock, [&] { return op->state.load(std::memory_order_acquire) >= detail::inproc_done; });
+      me.cv.wait(lock,
+                 [&] { return op->state.load(std::memory_order_acquire) >= detail::inproc_done; });
     }
     world_->release(op);
   }
@@ -331,9 +341,8 @@ class in_process_transport {
         op->state.store(detail::inproc_failed, std::memory_order_relaxed);
         return {world_.get(), op};
       }
-      recv = detail::inproc_take_first(d.posted, [&](const detail::inproc_op* r) {
-        return r->peer == rank_ && r->tag == tag;
-      });
+      recv = detail::inproc_take_first(
+          d.posted, [&](const detail::inproc_op* r) { return r->peer == rank_ && r->tag == tag; });
       if (recv == nullptr) {
         d.unexpected.push_back(op);
         return {world_.get(), op};
@@ -347,7 +356,8 @@ class in_process_transport {
   /// Starts receiving a message of exactly `into.size()` bytes from rank `source`.
   /// \pre 0 <= source < size()
   request_type irecv(int source, tag_type tag, std::span<std::byte> into) {
-    return post_recv(source, tag, detail::inproc_kind::recv_span, into.data(), into.size(), nullptr);
+    return post_recv(source, tag, detail::inproc_kind::recv_span, into.data(), into.size(),
+                     nullptr);
   }
 
   /// Starts receiving a message of any length from rank `source` into `into` (resized).
@@ -368,7 +378,9 @@ class in_process_transport {
       : world_(std::move(w)), rank_(rank) {}
 
   void check_peer(int peer, const char* what) const {
-    if (!world_) throw_error(errc::invalid_argument, std::string("in_process: ") + what + " on a moved-from transport");
+    if (!world_)
+      throw_error(errc::invalid_argument,
+                  std::string("in_process: ") + what + " on a moved-from transport");
     if (peer < 0 || peer >= world_->size) {
       throw_error(errc::invalid_argument, std::string("in_process: ") + what + " with peer " +
                                               std::to_string(peer) + ", world has " +
@@ -432,7 +444,8 @@ class in_process_transport {
       } catch (...) {
       }
       me.unexpected.clear();
-      for (detail::inproc_op* op : orphans) op->state.store(detail::inproc_taken, std::memory_order_relaxed);
+      for (detail::inproc_op* op : orphans)
+        op->state.store(detail::inproc_taken, std::memory_order_relaxed);
     }
     for (detail::inproc_op* op : orphans) {
       w.fail_op(op, errc::peer_failure,
@@ -492,7 +505,8 @@ class in_process_world {
   /// \pre ranks >= 1
   explicit in_process_world(int ranks) {
     if (ranks < 1) {
-      throw_error(errc::invalid_argument, "in_process_world: " + std::to_string(ranks) + " ranks, need at least 1");
+      throw_error(errc::invalid_argument,
+                  "in_process_world: " + std::to_string(ranks) + " ranks, need at least 1");
     }
     world_ = std::make_shared<detail::inproc_world>(ranks);
   }
@@ -502,14 +516,15 @@ class in_process_world {
   /// The transport of `rank`; each rank's transport can be taken once.
   [[nodiscard]] in_process_transport transport(int rank) {
     if (rank < 0 || rank >= world_->size) {
-      throw_error(errc::invalid_argument, "in_process_world::transport: rank " + std::to_string(rank) +
-                                              " of " + std::to_string(world_->size));
+      throw_error(errc::invalid_argument, "in_process_world::transport: rank " +
+                                              std::to_string(rank) + " of " +
+                                              std::to_string(world_->size));
     }
     detail::inproc_rank& r = world_->ranks[static_cast<std::size_t>(rank)];
     std::lock_guard lock(r.mutex);
     if (r.attached) {
-      throw_error(errc::invalid_argument,
-                  "in_process_world::transport: rank " + std::to_string(rank) + " was already taken");
+      throw_error(errc::invalid_argument, "in_process_world::transport: rank " +
+                                              std::to_string(rank) + " was already taken");
     }
     r.attached = true;
     return {world_, rank};
@@ -519,7 +534,9 @@ class in_process_world {
   void abort(int rank, std::string_view reason) noexcept { world_->abort(rank, reason); }
 
   /// True after an abort.
-  [[nodiscard]] bool failed() const noexcept { return world_->failed.load(std::memory_order_acquire); }
+  [[nodiscard]] bool failed() const noexcept {
+    return world_->failed.load(std::memory_order_acquire);
+  }
 
   /// The rank whose abort failed the world, or -1.
   [[nodiscard]] int abort_rank() const noexcept {
@@ -582,7 +599,8 @@ void run_in_process(int ranks, Fn&& fn) {
   // The cause is the exception of the rank that aborted the world first (collectives abort
   // before their exception reaches here); failing that, the first one thrown.
   const int cause = world.abort_rank();
-  if (cause >= 0 && errors[static_cast<std::size_t>(cause)]) std::rethrow_exception(errors[static_cast<std::size_t>(cause)]);
+  if (cause >= 0 && errors[static_cast<std::size_t>(cause)])
+    std::rethrow_exception(errors[static_cast<std::size_t>(cause)]);
   if (first) std::rethrow_exception(first);
 }
 

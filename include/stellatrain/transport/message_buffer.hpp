@@ -89,9 +89,7 @@ class message_buffer {
   void clear() noexcept { size_ = 0; }
 
  private:
-  [[nodiscard]] std::size_t grown_capacity() const noexcept {
-    return capacity() + capacity() / 2;
-  }
+  [[nodiscard]] std::size_t grown_capacity() const noexcept { return capacity() + capacity() / 2; }
 
   aligned_buffer<std::byte> storage_;
   std::size_t size_ = 0;

@@ -34,7 +34,7 @@ struct peer_traffic {
 struct transfer_record {
   int peer = 0;
   tag_type tag = 0;
-  bool sent = true;             ///< true for a send, false for a receive
+  bool sent = true;  ///< true for a send, false for a receive
   std::uint64_t bytes = 0;
   transport_clock::time_point posted{};     ///< when isend/irecv was called
   transport_clock::time_point completed{};  ///< when completion was first observed
@@ -80,7 +80,9 @@ namespace detail {
 
 struct metering_state {
   explicit metering_state(int size, metering_options o)
-      : peers(static_cast<std::size_t>(size > 0 ? size : 0)), options(std::move(o)), since(transport_clock::now()) {}
+      : peers(static_cast<std::size_t>(size > 0 ? size : 0)),
+        options(std::move(o)),
+        since(transport_clock::now()) {}
 
   void begin(bool send, transport_clock::time_point now) {
     std::lock_guard lock(mutex);
@@ -88,10 +90,12 @@ struct metering_state {
     if (n++ == 0) (send ? send_busy_since : recv_busy_since) = now;
   }
 
-  void end(bool send, int peer, std::uint64_t bytes, bool counted, transport_clock::time_point now) {
+  void end(bool send, int peer, std::uint64_t bytes, bool counted,
+           transport_clock::time_point now) {
     std::lock_guard lock(mutex);
     int& n = send ? sends_in_flight : recvs_in_flight;
-    if (--n == 0) (send ? send_busy : recv_busy) += now - (send ? send_busy_since : recv_busy_since);
+    if (--n == 0)
+      (send ? send_busy : recv_busy) += now - (send ? send_busy_since : recv_busy_since);
     if (!counted) return;
     peer_traffic& p = peers[static_cast<std::size_t>(peer)];
     if (send) {
@@ -144,8 +148,12 @@ class metered_request {
   metered_request& operator=(const metered_request&) = delete;
   ~metered_request() { finish(false); }
 
-  bool test() { return observe([&] { return inner_.test(); }); }
-  bool wait_until(transport_clock::time_point d) { return observe([&] { return inner_.wait_until(d); }); }
+  bool test() {
+    return observe([&] { return inner_.test(); });
+  }
+  bool wait_until(transport_clock::time_point d) {
+    return observe([&] { return inner_.wait_until(d); });
+  }
 
  private:
   friend class metered_transport<Inner>;
@@ -225,12 +233,16 @@ class metered_transport {
                         transfer_record{source, tag, false, into.size(), now, {}});
   }
 
-  request_type irecv(int source, tag_type tag, message_buffer& into)
-    requires message_transport<Inner>
-  {
+  request_type irecv(int source, tag_type tag,
+                     message_buffer& into) requires message_transport<Inner> {
     const auto now = transport_clock::now();
     return request_type(inner_.irecv(source, tag, into), state_.get(), &into,
                         transfer_record{source, tag, false, 0, now, {}});
+  }
+
+  /// The inner transport's chunk preference (see `auto_chunk_bytes`).
+  [[nodiscard]] std::size_t preferred_chunk_bytes() const noexcept {
+    return chunk_bytes_for(inner_, auto_chunk_bytes);
   }
 
   void abort(std::string_view reason) noexcept { detail::abort_transport(inner_, reason); }
@@ -248,8 +260,10 @@ class metered_transport {
       out.total.messages_sent += p.messages_sent;
       out.total.messages_received += p.messages_received;
     }
-    out.send_busy = s.send_busy + (s.sends_in_flight > 0 ? now - s.send_busy_since : transport_clock::duration{0});
-    out.recv_busy = s.recv_busy + (s.recvs_in_flight > 0 ? now - s.recv_busy_since : transport_clock::duration{0});
+    out.send_busy = s.send_busy + (s.sends_in_flight > 0 ? now - s.send_busy_since
+                                                         : transport_clock::duration{0});
+    out.recv_busy = s.recv_busy + (s.recvs_in_flight > 0 ? now - s.recv_busy_since
+                                                         : transport_clock::duration{0});
     out.elapsed = now - s.since;
     return out;
   }

@@ -45,15 +45,24 @@ inline std::string nccl_text(ncclResult_t r) { return std::string(ncclGetErrorSt
 
 template <class V>
 constexpr ncclDataType_t nccl_type_of() {
-  if constexpr (std::is_same_v<V, float>) return ncclFloat32;
-  else if constexpr (std::is_same_v<V, double>) return ncclFloat64;
-  else if constexpr (std::is_integral_v<V> && std::is_signed_v<V> && sizeof(V) == 1) return ncclInt8;
-  else if constexpr (std::is_integral_v<V> && std::is_signed_v<V> && sizeof(V) == 4) return ncclInt32;
-  else if constexpr (std::is_integral_v<V> && std::is_signed_v<V> && sizeof(V) == 8) return ncclInt64;
-  else if constexpr (std::is_integral_v<V> && !std::is_signed_v<V> && sizeof(V) == 1) return ncclUint8;
-  else if constexpr (std::is_integral_v<V> && !std::is_signed_v<V> && sizeof(V) == 4) return ncclUint32;
-  else if constexpr (std::is_integral_v<V> && !std::is_signed_v<V> && sizeof(V) == 8) return ncclUint64;
-  else return ncclNumTypes;  // unsupported
+  if constexpr (std::is_same_v<V, float>)
+    return ncclFloat32;
+  else if constexpr (std::is_same_v<V, double>)
+    return ncclFloat64;
+  else if constexpr (std::is_integral_v<V> && std::is_signed_v<V> && sizeof(V) == 1)
+    return ncclInt8;
+  else if constexpr (std::is_integral_v<V> && std::is_signed_v<V> && sizeof(V) == 4)
+    return ncclInt32;
+  else if constexpr (std::is_integral_v<V> && std::is_signed_v<V> && sizeof(V) == 8)
+    return ncclInt64;
+  else if constexpr (std::is_integral_v<V> && !std::is_signed_v<V> && sizeof(V) == 1)
+    return ncclUint8;
+  else if constexpr (std::is_integral_v<V> && !std::is_signed_v<V> && sizeof(V) == 4)
+    return ncclUint32;
+  else if constexpr (std::is_integral_v<V> && !std::is_signed_v<V> && sizeof(V) == 8)
+    return ncclUint64;
+  else
+    return ncclNumTypes;  // unsupported
 }
 
 // Shared by the transport and its requests: the communicator, and its failure.
@@ -92,7 +101,8 @@ struct nccl_state {
       const auto deadline = deadline_after(options.init_timeout);
       do {
         if (transport_clock::now() >= deadline) {
-          fail(who() + ": " + what + " not enqueued within " + std::to_string(options.init_timeout.count()) + " ms");
+          fail(who() + ": " + what + " not enqueued within " +
+               std::to_string(options.init_timeout.count()) + " ms");
           throw error(errc::timeout, failure);
         }
         std::this_thread::yield();
@@ -113,7 +123,8 @@ struct nccl_state {
     if (e != cudaErrorNotReady) check_cuda(e, "cudaEventQuery");
     check_usable();
     ncclResult_t async = ncclSuccess;
-    if (comm != nullptr && ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+    if (comm != nullptr && ncclCommGetAsyncError(comm, &async) == ncclSuccess &&
+        async != ncclSuccess && async != ncclInProgress) {
       fail(who() + ": asynchronous NCCL error: " + nccl_text(async));
       throw error(errc::peer_failure, failure);
     }
@@ -132,7 +143,8 @@ class nccl_transport;
 class nccl_request {
  public:
   nccl_request() = default;
-  nccl_request(nccl_request&& o) noexcept : state_(std::exchange(o.state_, nullptr)), event_(std::exchange(o.event_, nullptr)) {}
+  nccl_request(nccl_request&& o) noexcept
+      : state_(std::exchange(o.state_, nullptr)), event_(std::exchange(o.event_, nullptr)) {}
   nccl_request& operator=(nccl_request&& o) noexcept {
     if (this != &o) {
       release();
@@ -217,19 +229,22 @@ class nccl_transport {
     ncclUniqueId id{};
     if (s.rank == 0) {
       const ncclResult_t r = ncclGetUniqueId(&id);
-      if (r != ncclSuccess) throw error(errc::io_error, s.who() + ": ncclGetUniqueId failed: " + detail::nccl_text(r));
+      if (r != ncclSuccess)
+        throw error(errc::io_error, s.who() + ": ncclGetUniqueId failed: " + detail::nccl_text(r));
     }
     broadcast(bootstrap, 0, object_bytes(id), {.timeout = options.init_timeout});
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclResult_t r = ncclCommInitRankConfig(&s.comm, s.size, id, s.rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
-      throw error(errc::io_error, s.who() + ": ncclCommInitRankConfig failed: " + detail::nccl_text(r));
+      throw error(errc::io_error,
+                  s.who() + ": ncclCommInitRankConfig failed: " + detail::nccl_text(r));
     }
     const auto deadline = deadline_after(options.init_timeout);
     while (r == ncclInProgress) {
       if (transport_clock::now() >= deadline) {
-        s.fail(s.who() + ": not every rank joined the NCCL communicator within " + std::to_string(options.init_timeout.count()) + " ms");
+        s.fail(s.who() + ": not every rank joined the NCCL communicator within " +
+               std::to_string(options.init_timeout.count()) + " ms");
         throw error(errc::timeout, s.failure);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -239,7 +254,8 @@ class nccl_transport {
       s.fail(s.who() + ": NCCL communicator creation failed: " + detail::nccl_text(r));
       throw error(errc::io_error, s.failure);
     }
-    check_cuda(cudaMalloc(reinterpret_cast<void**>(&s.device_scratch), sizeof(std::uint64_t) * (static_cast<std::size_t>(s.size) + 1)),
+    check_cuda(cudaMalloc(reinterpret_cast<void**>(&s.device_scratch),
+                          sizeof(std::uint64_t) * (static_cast<std::size_t>(s.size) + 1)),
                "cudaMalloc (nccl_transport scratch)");
   }
 
@@ -271,14 +287,17 @@ class nccl_transport {
   /// Enqueues ncclSend of the device bytes to `dest`.
   request_type isend(int dest, tag_type, std::span<const std::byte> device_bytes) {
     detail::nccl_state& s = usable();
-    s.settle(ncclSend(device_bytes.data(), device_bytes.size(), ncclUint8, dest, s.comm, s.stream), "ncclSend");
+    s.settle(ncclSend(device_bytes.data(), device_bytes.size(), ncclUint8, dest, s.comm, s.stream),
+             "ncclSend");
     return record();
   }
 
   /// Enqueues ncclRecv of exactly `device_bytes.size()` bytes from `source`.
   request_type irecv(int source, tag_type, std::span<std::byte> device_bytes) {
     detail::nccl_state& s = usable();
-    s.settle(ncclRecv(device_bytes.data(), device_bytes.size(), ncclUint8, source, s.comm, s.stream), "ncclRecv");
+    s.settle(
+        ncclRecv(device_bytes.data(), device_bytes.size(), ncclUint8, source, s.comm, s.stream),
+        "ncclRecv");
     return record();
   }
 
@@ -311,8 +330,8 @@ class nccl_transport {
       throw_error(errc::unsupported, "nccl_transport: no NCCL type for this element type");
     } else {
       detail::nccl_state& s = usable();
-      s.settle(ncclAllReduce(device_data.data(), device_data.data(), device_data.size(), type, opt.average ? ncclAvg : ncclSum,
-                             s.comm, s.stream),
+      s.settle(ncclAllReduce(device_data.data(), device_data.data(), device_data.size(), type,
+                             opt.average ? ncclAvg : ncclSum, s.comm, s.stream),
                "ncclAllReduce");
       wait(record(), opt.timeout, "dense_allreduce (ncclAllReduce)");
     }
@@ -321,7 +340,8 @@ class nccl_transport {
 
   bool native_broadcast(int root, std::span<std::byte> device_data, const broadcast_options& opt) {
     detail::nccl_state& s = usable();
-    s.settle(ncclBroadcast(device_data.data(), device_data.data(), device_data.size(), ncclUint8, root, s.comm, s.stream),
+    s.settle(ncclBroadcast(device_data.data(), device_data.data(), device_data.size(), ncclUint8,
+                           root, s.comm, s.stream),
              "ncclBroadcast");
     wait(record(), opt.timeout, "broadcast (ncclBroadcast)");
     return true;
@@ -330,7 +350,8 @@ class nccl_transport {
   bool native_barrier(const barrier_options& opt) {
     detail::nccl_state& s = usable();
     std::uint64_t* token = s.device_scratch + s.size;
-    s.settle(ncclAllReduce(token, token, 1, ncclUint64, ncclSum, s.comm, s.stream), "ncclAllReduce (barrier)");
+    s.settle(ncclAllReduce(token, token, 1, ncclUint64, ncclSum, s.comm, s.stream),
+             "ncclAllReduce (barrier)");
     wait(record(), opt.timeout, "barrier");
     return true;
   }
@@ -340,30 +361,42 @@ class nccl_transport {
   /// entries). One ncclAllGather of the lengths (and a wait for it: lengths are needed on
   /// the host), then one group of ncclBroadcast calls; returns the request of the latter.
   /// A length above `capacity` fails with `errc::size_mismatch` before any data moves.
-  request_type sparse_allgather(std::span<const std::byte> mine, std::byte* out, std::size_t capacity,
-                                std::span<std::uint64_t> lengths, std::chrono::milliseconds timeout) {
+  request_type sparse_allgather(std::span<const std::byte> mine, std::byte* out,
+                                std::size_t capacity, std::span<std::uint64_t> lengths,
+                                std::chrono::milliseconds timeout) {
     detail::nccl_state& s = usable();
     if (lengths.size() != static_cast<std::size_t>(s.size)) {
-      throw_error(errc::invalid_argument, s.who() + ": sparse_allgather needs " + std::to_string(s.size) + " length slots");
+      throw_error(errc::invalid_argument,
+                  s.who() + ": sparse_allgather needs " + std::to_string(s.size) + " length slots");
     }
     const std::uint64_t len = mine.size();
-    check_cuda(cudaMemcpyAsync(s.device_scratch + s.rank, &len, sizeof len, cudaMemcpyHostToDevice, s.stream), "cudaMemcpyAsync");
-    s.settle(ncclAllGather(s.device_scratch + s.rank, s.device_scratch, 1, ncclUint64, s.comm, s.stream), "ncclAllGather (lengths)");
-    check_cuda(cudaMemcpyAsync(lengths.data(), s.device_scratch, sizeof(std::uint64_t) * lengths.size(), cudaMemcpyDeviceToHost, s.stream),
+    check_cuda(cudaMemcpyAsync(s.device_scratch + s.rank, &len, sizeof len, cudaMemcpyHostToDevice,
+                               s.stream),
                "cudaMemcpyAsync");
+    s.settle(
+        ncclAllGather(s.device_scratch + s.rank, s.device_scratch, 1, ncclUint64, s.comm, s.stream),
+        "ncclAllGather (lengths)");
+    check_cuda(
+        cudaMemcpyAsync(lengths.data(), s.device_scratch, sizeof(std::uint64_t) * lengths.size(),
+                        cudaMemcpyDeviceToHost, s.stream),
+        "cudaMemcpyAsync");
     wait(record(), timeout, "sparse_allgather (lengths)");
     for (int r = 0; r < s.size; ++r) {
       if (lengths[static_cast<std::size_t>(r)] > capacity) {
-        throw_error(errc::size_mismatch, s.who() + ": rank " + std::to_string(r) + "'s message has " +
-                                             std::to_string(lengths[static_cast<std::size_t>(r)]) + " bytes, the output holds " +
-                                             std::to_string(capacity) + " per rank");
+        throw_error(errc::size_mismatch,
+                    s.who() + ": rank " + std::to_string(r) + "'s message has " +
+                        std::to_string(lengths[static_cast<std::size_t>(r)]) +
+                        " bytes, the output holds " + std::to_string(capacity) + " per rank");
       }
     }
     group([&] {
       for (int r = 0; r < s.size; ++r) {
         std::byte* dst = out + static_cast<std::size_t>(r) * capacity;
-        const void* src = r == s.rank ? static_cast<const void*>(mine.data()) : static_cast<const void*>(dst);
-        s.settle(ncclBroadcast(src, dst, lengths[static_cast<std::size_t>(r)], ncclUint8, r, s.comm, s.stream), "ncclBroadcast");
+        const void* src =
+            r == s.rank ? static_cast<const void*>(mine.data()) : static_cast<const void*>(dst);
+        s.settle(ncclBroadcast(src, dst, lengths[static_cast<std::size_t>(r)], ncclUint8, r, s.comm,
+                               s.stream),
+                 "ncclBroadcast");
       }
     });
     return record();
@@ -388,7 +421,8 @@ class nccl_transport {
 
   void wait(request_type r, std::chrono::milliseconds timeout, const char* what) {
     if (!r.wait_until(deadline_after(timeout))) {
-      state_->fail(state_->who() + ": " + what + " timed out after " + std::to_string(timeout.count()) + " ms");
+      state_->fail(state_->who() + ": " + what + " timed out after " +
+                   std::to_string(timeout.count()) + " ms");
       throw error(errc::timeout, state_->failure);
     }
   }

@@ -36,9 +36,9 @@ enum class shaping_scope {
 
 /// Options of `shaped_transport`.
 struct shaping_options {
-  double bits_per_second = 100e6;         ///< link rate in payload bits/s; 0 = unlimited
-  std::chrono::microseconds latency{0};   ///< one-way delay added to every message
-  std::size_t burst_bytes = 16 * 1024;    ///< token bucket depth (bytes sent at once from idle)
+  double bits_per_second = 100e6;        ///< link rate in payload bits/s; 0 = unlimited
+  std::chrono::microseconds latency{0};  ///< one-way delay added to every message
+  std::size_t burst_bytes = 16 * 1024;   ///< token bucket depth (bytes sent at once from idle)
   shaping_scope scope = shaping_scope::per_rank;
 };
 
@@ -62,7 +62,8 @@ struct token_bucket {
       started = true;
     }
     if (now > at) {
-      level = std::min(burst, level + bytes_per_s * std::chrono::duration<double>(now - at).count());
+      level =
+          std::min(burst, level + bytes_per_s * std::chrono::duration<double>(now - at).count());
       at = now;
     }
     level -= static_cast<double>(bytes);
@@ -96,7 +97,9 @@ struct shaping_state {
   };
 
   shaping_state(Inner&& t, shaping_options o) : inner(std::move(t)), options(o) {
-    buckets.resize(options.scope == shaping_scope::per_peer ? static_cast<std::size_t>(std::max(1, inner.size())) : 1);
+    buckets.resize(options.scope == shaping_scope::per_peer
+                       ? static_cast<std::size_t>(std::max(1, inner.size()))
+                       : 1);
     worker = std::thread([this] { run(); });
   }
 
@@ -194,7 +197,8 @@ class shaped_request {
   bool wait_until(transport_clock::time_point deadline) {
     if (op_) {
       std::unique_lock lock(state_->mutex);
-      if (!state_->released_cv.wait_until(lock, deadline, [&] { return op_->released; })) return false;
+      if (!state_->released_cv.wait_until(lock, deadline, [&] { return op_->released; }))
+        return false;
       adopt(lock);
     }
     return direct_ ? direct_->wait_until(deadline) : true;
@@ -287,7 +291,8 @@ class shaped_transport {
                                          : 0];
       auto departure = now;
       if (o.bits_per_second > 0) {
-        departure = bucket.take(bytes.size(), o.bits_per_second / 8.0, static_cast<double>(o.burst_bytes), now);
+        departure = bucket.take(bytes.size(), o.bits_per_second / 8.0,
+                                static_cast<double>(o.burst_bytes), now);
       }
       auto due = departure + std::chrono::duration_cast<transport_clock::duration>(o.latency);
       due = std::max(due, bucket.last_delivery);  // a shorter latency never reorders a link
@@ -302,10 +307,14 @@ class shaped_transport {
     return request_type(state_->inner.irecv(source, tag, into));
   }
 
-  request_type irecv(int source, tag_type tag, message_buffer& into)
-    requires message_transport<Inner>
-  {
+  request_type irecv(int source, tag_type tag,
+                     message_buffer& into) requires message_transport<Inner> {
     return request_type(state_->inner.irecv(source, tag, into));
+  }
+
+  /// The inner transport's chunk preference (see `auto_chunk_bytes`).
+  [[nodiscard]] std::size_t preferred_chunk_bytes() const noexcept {
+    return chunk_bytes_for(state_->inner, auto_chunk_bytes);
   }
 
   void abort(std::string_view reason) noexcept { detail::abort_transport(state_->inner, reason); }
@@ -331,7 +340,8 @@ class shaped_transport {
  private:
   static void check(double bits_per_second) {
     if (!(bits_per_second >= 0)) {
-      throw_error(errc::invalid_argument, "shaped_transport: rate " + std::to_string(bits_per_second) + " bits/s");
+      throw_error(errc::invalid_argument,
+                  "shaped_transport: rate " + std::to_string(bits_per_second) + " bits/s");
     }
   }
 

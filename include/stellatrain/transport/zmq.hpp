@@ -97,7 +97,8 @@ struct zmq_incoming {
 struct zmq_engine {
   using op_ptr = std::shared_ptr<zmq_op>;
 
-  zmq_engine(int rank_, int size_, zmq_options opt) : rank(rank_), size(size_), options(std::move(opt)) {
+  zmq_engine(int rank_, int size_, zmq_options opt)
+      : rank(rank_), size(size_), options(std::move(opt)) {
     peers.resize(static_cast<std::size_t>(size));
   }
 
@@ -112,14 +113,14 @@ struct zmq_engine {
     bool greeted = false;    // its hello arrived
     bool connected = false;  // our connection to it is up
     bool said_bye = false;
-    bool dropped = false;    // our connection to it went down
+    bool dropped = false;  // our connection to it went down
     transport_clock::time_point dropped_at{};
   };
   std::vector<peer_state> peers;
   bool failed = false;
   std::string failure;
-  bool stop = false;         // orderly stop: send what is queued, then close
-  bool teardown = false;     // stop now, drop what is queued (after an abandoned send)
+  bool stop = false;      // orderly stop: send what is queued, then close
+  bool teardown = false;  // stop now, drop what is queued (after an abandoned send)
   bool io_done = false;
 
   // ---- fixed
@@ -158,7 +159,8 @@ struct zmq_engine {
     cv.notify_all();
   }
 
-  void finish_locked(zmq_op& op, int state, errc code = errc::peer_failure, const std::string& message = {}) {
+  void finish_locked(zmq_op& op, int state, errc code = errc::peer_failure,
+                     const std::string& message = {}) {
     if (state == zmq_failed) {
       op.code = code;
       op.message = message;
@@ -173,7 +175,8 @@ struct zmq_engine {
     zmq_op& op = **holder;
     {
       std::lock_guard lock(op.engine->mutex);
-      if (op.state.load(std::memory_order_relaxed) != zmq_failed) op.state.store(zmq_done, std::memory_order_release);
+      if (op.state.load(std::memory_order_relaxed) != zmq_failed)
+        op.state.store(zmq_done, std::memory_order_release);
       op.engine->cv.notify_all();
     }
     delete holder;
@@ -192,9 +195,10 @@ struct zmq_engine {
     if (op.kind == zmq_op_kind::recv_span && n != op.recv_size) {
       state = zmq_failed;
       code = errc::size_mismatch;
-      message = who + ": rank " + std::to_string(rank) + " posted a receive of " + std::to_string(op.recv_size) +
-                " bytes from rank " + std::to_string(op.peer) + " (tag " + std::to_string(op.tag) +
-                "), the message has " + std::to_string(n) + " bytes";
+      message = who + ": rank " + std::to_string(rank) + " posted a receive of " +
+                std::to_string(op.recv_size) + " bytes from rank " + std::to_string(op.peer) +
+                " (tag " + std::to_string(op.tag) + "), the message has " + std::to_string(n) +
+                " bytes";
     } else {
       std::byte* target = op.recv_data;
       try {
@@ -219,14 +223,17 @@ struct zmq_engine {
       loop();
     } catch (const std::exception& e) {
       std::lock_guard lock(mutex);
-      fail_locked(errc::io_error, who + ": I/O thread of rank " + std::to_string(rank) + " failed: " + e.what());
+      fail_locked(errc::io_error,
+                  who + ": I/O thread of rank " + std::to_string(rank) + " failed: " + e.what());
     }
     close_sockets();
     {
       std::lock_guard lock(mutex);
       if (!failed && !stop) fail_locked(errc::io_error, who + ": I/O thread stopped");
       // Whatever is still queued will never be sent.
-      for (auto& op : outbox) finish_locked(*op, zmq_failed, errc::peer_failure, failure.empty() ? who + ": closed" : failure);
+      for (auto& op : outbox)
+        finish_locked(*op, zmq_failed, errc::peer_failure,
+                      failure.empty() ? who + ": closed" : failure);
       outbox.clear();
       io_done = true;
       cv.notify_all();
@@ -238,7 +245,8 @@ struct zmq_engine {
     {
       std::lock_guard lock(mutex);
       if (!teardown && !failed) linger = static_cast<int>(options.linger.count());
-      if (failed && !teardown) linger = static_cast<int>(std::min<long long>(options.linger.count(), 1000));
+      if (failed && !teardown)
+        linger = static_cast<int>(std::min<long long>(options.linger.count(), 1000));
     }
     try {
       for (auto& m : monitors) m.reset();
@@ -291,7 +299,8 @@ struct zmq_engine {
         finish_locked(*op, zmq_done);
         continue;
       }
-      h = data_frame(static_cast<std::uint32_t>(rank), op->tag, op->send_bytes, options.payload_checksum);
+      h = data_frame(static_cast<std::uint32_t>(rank), op->tag, op->send_bytes,
+                     options.payload_checksum);
       if (op->send_bytes.empty()) {
         send_frames(op->peer, h, zmq::message_t());
         std::lock_guard lock(mutex);
@@ -307,16 +316,22 @@ struct zmq_engine {
   }
 
   void on_frame(int from, zmq::message_t& header, zmq::message_t& payload) {
-    const frame_header h = decode_frame(std::span<const std::byte>(static_cast<const std::byte*>(header.data()), header.size()),
-                                        static_cast<std::uint32_t>(from), options.max_message_bytes, who);
-    verify_payload(h, std::span<const std::byte>(static_cast<const std::byte*>(payload.data()), payload.size()), who);
+    const frame_header h = decode_frame(
+        std::span<const std::byte>(static_cast<const std::byte*>(header.data()), header.size()),
+        static_cast<std::uint32_t>(from), options.max_message_bytes, who);
+    verify_payload(
+        h,
+        std::span<const std::byte>(static_cast<const std::byte*>(payload.data()), payload.size()),
+        who);
     std::unique_lock lock(mutex);
     auto& peer = peers[static_cast<std::size_t>(from)];
     switch (h.kind) {
       case frame_kind::hello:
         if (h.tag != static_cast<std::uint32_t>(size)) {
-          fail_locked(errc::invalid_argument, who + ": " + peer_name(from) + " belongs to a world of " + std::to_string(h.tag) +
-                                                  " ranks, this rank to one of " + std::to_string(size));
+          fail_locked(errc::invalid_argument,
+                      who + ": " + peer_name(from) + " belongs to a world of " +
+                          std::to_string(h.tag) + " ranks, this rank to one of " +
+                          std::to_string(size));
         }
         peer.greeted = true;
         cv.notify_all();
@@ -328,8 +343,9 @@ struct zmq_engine {
         while (it != posted.end()) {
           if ((*it)->peer == from) {
             finish_locked(**it, zmq_failed, errc::peer_failure,
-                          who + ": " + peer_name(from) + " closed its transport while rank " + std::to_string(rank) +
-                              " waited for a message from it (tag " + std::to_string((*it)->tag) + ")");
+                          who + ": " + peer_name(from) + " closed its transport while rank " +
+                              std::to_string(rank) + " waited for a message from it (tag " +
+                              std::to_string((*it)->tag) + ")");
             it = posted.erase(it);
           } else {
             ++it;
@@ -373,12 +389,14 @@ struct zmq_engine {
       if (id.size() == 5 && static_cast<const char*>(id.data())[0] == 'r') {
         const auto* b = static_cast<const std::byte*>(id.data()) + 1;
         const std::uint32_t v = frame_load_u32(b);
-        if (v < static_cast<std::uint32_t>(size) && static_cast<int>(v) != rank) from = static_cast<int>(v);
+        if (v < static_cast<std::uint32_t>(size) && static_cast<int>(v) != rank)
+          from = static_cast<int>(v);
       }
       if (from < 0 || parts.size() != 2) {
         throw error(errc::malformed_message, who + ": rank " + std::to_string(rank) +
                                                  " received a message with an unknown sender or " +
-                                                 std::to_string(parts.size()) + " frames instead of 2");
+                                                 std::to_string(parts.size()) +
+                                                 " frames instead of 2");
       }
       on_frame(from, parts[0], parts[1]);
     }
@@ -389,7 +407,8 @@ struct zmq_engine {
       zmq::message_t event;
       if (!monitors[static_cast<std::size_t>(p)]->recv(event, zmq::recv_flags::dontwait)) return;
       zmq::message_t address;
-      if (event.more()) (void)monitors[static_cast<std::size_t>(p)]->recv(address, zmq::recv_flags::none);
+      if (event.more())
+        (void)monitors[static_cast<std::size_t>(p)]->recv(address, zmq::recv_flags::none);
       if (event.size() < 2) continue;
       std::uint16_t what = 0;
       std::memcpy(&what, event.data(), 2);
@@ -398,7 +417,8 @@ struct zmq_engine {
       if (what == ZMQ_EVENT_CONNECTED) {
         peer.connected = true;
         cv.notify_all();
-      } else if (what == ZMQ_EVENT_DISCONNECTED && peer.connected && !peer.said_bye && !peer.dropped) {
+      } else if (what == ZMQ_EVENT_DISCONNECTED && peer.connected && !peer.said_bye &&
+                 !peer.dropped) {
         peer.dropped = true;
         peer.dropped_at = transport_clock::now();
       }
@@ -417,11 +437,15 @@ struct zmq_engine {
       const auto due = peer.dropped_at + options.close_grace;
       if (now >= due) {
         fail_locked(errc::peer_failure,
-                    who + ": " + peer_name(p) + " disconnected without closing its transport (it crashed, was killed, "
-                          "stopped answering heartbeats for " + std::to_string(options.heartbeat_timeout.count()) +
-                          " ms, or the network failed); rank " + std::to_string(rank) + " cannot continue");
+                    who + ": " + peer_name(p) +
+                        " disconnected without closing its transport (it crashed, was killed, "
+                        "stopped answering heartbeats for " +
+                        std::to_string(options.heartbeat_timeout.count()) +
+                        " ms, or the network failed); rank " + std::to_string(rank) +
+                        " cannot continue");
       } else {
-        const long ms = static_cast<long>(std::chrono::ceil<std::chrono::milliseconds>(due - now).count());
+        const long ms =
+            static_cast<long>(std::chrono::ceil<std::chrono::milliseconds>(due - now).count());
         next = next < 0 ? ms : std::min(next, ms);
       }
     }
@@ -435,7 +459,8 @@ struct zmq_engine {
     std::vector<int> monitor_rank;
     for (int p = 0; p < size; ++p) {
       if (monitors[static_cast<std::size_t>(p)]) {
-        items.push_back({static_cast<void*>(*monitors[static_cast<std::size_t>(p)]), 0, ZMQ_POLLIN, 0});
+        items.push_back(
+            {static_cast<void*>(*monitors[static_cast<std::size_t>(p)]), 0, ZMQ_POLLIN, 0});
         monitor_rank.push_back(p);
       }
     }
@@ -517,7 +542,9 @@ class zmq_request {
   bool wait_until(transport_clock::time_point deadline) {
     if (!op_) return true;
     std::unique_lock lock(op_->engine->mutex);
-    auto ready = [&] { return op_->state.load(std::memory_order_acquire) >= detail::zmq_done || op_->engine->failed; };
+    auto ready = [&] {
+      return op_->state.load(std::memory_order_acquire) >= detail::zmq_done || op_->engine->failed;
+    };
     if (deadline == transport_clock::time_point::max()) {
       op_->engine->cv.wait(lock, ready);
     } else {
@@ -561,14 +588,17 @@ class zmq_request {
         // With ZeroMQ already: it cannot be taken back. Fail the transport and stop the
         // sockets now, which releases every zero-copy buffer.
         if (!e.failed) {
-          e.fail_locked(errc::peer_failure, e.who + ": rank " + std::to_string(e.rank) + " dropped a send to rank " +
+          e.fail_locked(errc::peer_failure, e.who + ": rank " + std::to_string(e.rank) +
+                                                " dropped a send to rank " +
                                                 std::to_string(op_->peer) + " before it completed");
         }
         e.teardown = true;
         e.wake();
       }
       // A receive being copied, or a send being released: wait for the end.
-      e.cv.wait(lock, [&] { return op_->state.load(std::memory_order_acquire) >= detail::zmq_done || e.io_done; });
+      e.cv.wait(lock, [&] {
+        return op_->state.load(std::memory_order_acquire) >= detail::zmq_done || e.io_done;
+      });
     }
     op_.reset();
   }
@@ -586,7 +616,8 @@ class zmq_request {
 /// \endcode
 class zmq_listener {
  public:
-  explicit zmq_listener(const std::string& bind_endpoint) : context_(std::make_unique<zmq::context_t>(1)) {
+  explicit zmq_listener(const std::string& bind_endpoint)
+      : context_(std::make_unique<zmq::context_t>(1)) {
     try {
       router_.emplace(*context_, zmq::socket_type::router);
       router_->set(zmq::sockopt::rcvhwm, 0);
@@ -621,11 +652,13 @@ struct zmq_peer_list {
   [[nodiscard]] static zmq_peer_list from_environment() {
     zmq_peer_list out;
     const char* rank = std::getenv("STELLATRAIN_RANK");
-    if (rank == nullptr) throw_error(errc::invalid_argument, "zmq_peer_list: STELLATRAIN_RANK is not set");
+    if (rank == nullptr)
+      throw_error(errc::invalid_argument, "zmq_peer_list: STELLATRAIN_RANK is not set");
     char* end = nullptr;
     const long r = std::strtol(rank, &end, 10);
     if (end == rank || *end != '\0' || r < 0 || r > 1'000'000) {
-      throw_error(errc::invalid_argument, std::string("zmq_peer_list: STELLATRAIN_RANK='") + rank + "' is not a rank");
+      throw_error(errc::invalid_argument,
+                  std::string("zmq_peer_list: STELLATRAIN_RANK='") + rank + "' is not a rank");
     }
     out.rank = static_cast<int>(r);
     std::string text;
@@ -635,7 +668,9 @@ struct zmq_peer_list {
       source = "STELLATRAIN_ZMQ_PEERS";
     } else if (const char* file = std::getenv("STELLATRAIN_ZMQ_PEERS_FILE"); file != nullptr) {
       std::ifstream in(file);
-      if (!in) throw_error(errc::io_error, std::string("zmq_peer_list: cannot read STELLATRAIN_ZMQ_PEERS_FILE=") + file);
+      if (!in)
+        throw_error(errc::io_error,
+                    std::string("zmq_peer_list: cannot read STELLATRAIN_ZMQ_PEERS_FILE=") + file);
       std::string line;
       while (std::getline(in, line)) {
         const auto hash = line.find('#');
@@ -644,7 +679,8 @@ struct zmq_peer_list {
       }
       source = std::string("STELLATRAIN_ZMQ_PEERS_FILE=") + file;
     } else {
-      throw_error(errc::invalid_argument, "zmq_peer_list: set STELLATRAIN_ZMQ_PEERS or STELLATRAIN_ZMQ_PEERS_FILE");
+      throw_error(errc::invalid_argument,
+                  "zmq_peer_list: set STELLATRAIN_ZMQ_PEERS or STELLATRAIN_ZMQ_PEERS_FILE");
     }
     for (char& c : text) {
       if (c == ',' || c == '\n' || c == '\t' || c == '\r') c = ' ';
@@ -652,10 +688,12 @@ struct zmq_peer_list {
     std::istringstream words(text);
     std::string w;
     while (words >> w) out.endpoints.push_back(w);
-    if (out.endpoints.empty()) throw_error(errc::invalid_argument, "zmq_peer_list: " + source + " lists no endpoint");
+    if (out.endpoints.empty())
+      throw_error(errc::invalid_argument, "zmq_peer_list: " + source + " lists no endpoint");
     if (out.rank >= static_cast<int>(out.endpoints.size())) {
-      throw_error(errc::invalid_argument, "zmq_peer_list: STELLATRAIN_RANK=" + std::to_string(out.rank) + " but " + source +
-                                              " lists " + std::to_string(out.endpoints.size()) + " endpoints");
+      throw_error(errc::invalid_argument,
+                  "zmq_peer_list: STELLATRAIN_RANK=" + std::to_string(out.rank) + " but " + source +
+                      " lists " + std::to_string(out.endpoints.size()) + " endpoints");
     }
     return out;
   }
@@ -690,12 +728,15 @@ class zmq_transport {
   /// Binds `options.bind_endpoint` (default: `endpoints[rank]`) and connects to the others.
   zmq_transport(int rank, std::vector<std::string> endpoints, zmq_options options = {}) {
     check_arguments(rank, endpoints);
-    const std::string bind = options.bind_endpoint.empty() ? endpoints[static_cast<std::size_t>(rank)] : options.bind_endpoint;
+    const std::string bind = options.bind_endpoint.empty()
+                                 ? endpoints[static_cast<std::size_t>(rank)]
+                                 : options.bind_endpoint;
     start(zmq_listener(bind), rank, std::move(endpoints), std::move(options));
   }
 
   /// Uses a socket bound beforehand (see `zmq_listener`); `endpoints[rank]` is informational.
-  zmq_transport(zmq_listener&& bound, int rank, std::vector<std::string> endpoints, zmq_options options = {}) {
+  zmq_transport(zmq_listener&& bound, int rank, std::vector<std::string> endpoints,
+                zmq_options options = {}) {
     check_arguments(rank, endpoints);
     start(std::move(bound), rank, std::move(endpoints), std::move(options));
   }
@@ -747,8 +788,8 @@ class zmq_transport {
     }
     if (e.peers[static_cast<std::size_t>(dest)].said_bye) {
       e.finish_locked(*op, detail::zmq_failed, errc::peer_failure,
-                      e.who + ": rank " + std::to_string(e.rank) + " sends to " + e.peer_name(dest) +
-                          ", which has closed its transport");
+                      e.who + ": rank " + std::to_string(e.rank) + " sends to " +
+                          e.peer_name(dest) + ", which has closed its transport");
       return request_type(std::move(op));
     }
     e.outbox.push_back(op);
@@ -759,7 +800,8 @@ class zmq_transport {
 
   /// Starts receiving exactly `into.size()` bytes from `source`.
   request_type irecv(int source, tag_type tag, std::span<std::byte> into) {
-    return post_recv(source, tag, detail::zmq_op_kind::recv_span, into.data(), into.size(), nullptr);
+    return post_recv(source, tag, detail::zmq_op_kind::recv_span, into.data(), into.size(),
+                     nullptr);
   }
 
   /// Starts receiving a message of any length from `source` into `into` (resized).
@@ -777,16 +819,20 @@ class zmq_transport {
       if (e.failed) return;
       const std::string why(reason);
       for (int p = 0; p < e.size; ++p) {
-        if (p != e.rank && !e.peers[static_cast<std::size_t>(p)].said_bye) e.post_control(p, detail::frame_kind::abort, why);
+        if (p != e.rank && !e.peers[static_cast<std::size_t>(p)].said_bye)
+          e.post_control(p, detail::frame_kind::abort, why);
       }
-      e.fail_locked(errc::peer_failure, e.who + ": rank " + std::to_string(e.rank) + " aborted: " + why);
+      e.fail_locked(errc::peer_failure,
+                    e.who + ": rank " + std::to_string(e.rank) + " aborted: " + why);
     } catch (...) {
     }
     e.wake();
   }
 
   /// The address this rank's socket is bound to.
-  [[nodiscard]] const std::string& endpoint() const { return engine_->peers[static_cast<std::size_t>(engine_->rank)].endpoint; }
+  [[nodiscard]] const std::string& endpoint() const {
+    return engine_->peers[static_cast<std::size_t>(engine_->rank)].endpoint;
+  }
 
  private:
   static void check_arguments(int rank, const std::vector<std::string>& endpoints) {
@@ -803,16 +849,19 @@ class zmq_transport {
 
   void check_peer(int peer, const char* what) const {
     if (peer < 0 || peer >= engine_->size) {
-      throw_error(errc::invalid_argument, std::string("zmq_transport: ") + what + " with peer " + std::to_string(peer) +
-                                              ", world has " + std::to_string(engine_->size) + " ranks");
+      throw_error(errc::invalid_argument, std::string("zmq_transport: ") + what + " with peer " +
+                                              std::to_string(peer) + ", world has " +
+                                              std::to_string(engine_->size) + " ranks");
     }
   }
 
-  void start(zmq_listener&& bound, int rank, std::vector<std::string> endpoints, zmq_options options) {
+  void start(zmq_listener&& bound, int rank, std::vector<std::string> endpoints,
+             zmq_options options) {
     const int p = static_cast<int>(endpoints.size());
     const auto deadline = deadline_after(options.connect_timeout);
     auto e = std::make_unique<detail::zmq_engine>(rank, p, std::move(options));
-    for (int i = 0; i < p; ++i) e->peers[static_cast<std::size_t>(i)].endpoint = endpoints[static_cast<std::size_t>(i)];
+    for (int i = 0; i < p; ++i)
+      e->peers[static_cast<std::size_t>(i)].endpoint = endpoints[static_cast<std::size_t>(i)];
     e->peers[static_cast<std::size_t>(rank)].endpoint = bound.endpoint();
     e->who = "zmq_transport (rank " + std::to_string(rank) + " of " + std::to_string(p) + ")";
     int fds[2];
@@ -825,29 +874,35 @@ class zmq_transport {
     e->context.swap(*bound.context_);
     e->router.emplace(std::move(*bound.router_));
     const zmq_options& o = e->options;
-    e->router->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(std::min<std::uint64_t>(o.max_message_bytes, INT64_MAX)));
+    e->router->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(std::min<std::uint64_t>(
+                                                 o.max_message_bytes, INT64_MAX)));
     e->dealers.resize(static_cast<std::size_t>(p));
     e->monitors.resize(static_cast<std::size_t>(p));
     try {
       for (int i = 0; i < p; ++i) {
         if (i == rank) continue;
-        auto& d = e->dealers[static_cast<std::size_t>(i)].emplace(e->context, zmq::socket_type::dealer);
+        auto& d =
+            e->dealers[static_cast<std::size_t>(i)].emplace(e->context, zmq::socket_type::dealer);
         // Routing id "r" + rank (u32 little-endian): ids starting with a zero byte are
         // reserved by ZeroMQ.
         char id[5] = {'r', 0, 0, 0, 0};
-        detail::frame_store_u32(reinterpret_cast<std::byte*>(id + 1), static_cast<std::uint32_t>(rank));
+        detail::frame_store_u32(reinterpret_cast<std::byte*>(id + 1),
+                                static_cast<std::uint32_t>(rank));
         d.set(zmq::sockopt::routing_id, std::string_view(id, sizeof id));
         d.set(zmq::sockopt::sndhwm, 0);
         d.set(zmq::sockopt::linger, static_cast<int>(o.linger.count()));
         d.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(o.heartbeat_interval.count()));
         d.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(o.heartbeat_timeout.count()));
         d.set(zmq::sockopt::heartbeat_ttl, static_cast<int>(o.heartbeat_timeout.count()));
-        const std::string mon = "inproc://stellatrain-monitor-" + std::to_string(reinterpret_cast<std::uintptr_t>(e.get())) + "-" +
+        const std::string mon = "inproc://stellatrain-monitor-" +
+                                std::to_string(reinterpret_cast<std::uintptr_t>(e.get())) + "-" +
                                 std::to_string(i);
-        if (zmq_socket_monitor(static_cast<void*>(d), mon.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+        if (zmq_socket_monitor(static_cast<void*>(d), mon.c_str(),
+                               ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
           throw zmq::error_t();
         }
-        auto& m = e->monitors[static_cast<std::size_t>(i)].emplace(e->context, zmq::socket_type::pair);
+        auto& m =
+            e->monitors[static_cast<std::size_t>(i)].emplace(e->context, zmq::socket_type::pair);
         m.connect(mon);
         d.connect(endpoints[static_cast<std::size_t>(i)]);
       }
@@ -877,11 +932,14 @@ class zmq_transport {
       std::string missing;
       for (int i = 0; i < p; ++i) {
         const auto& peer = raw->peers[static_cast<std::size_t>(i)];
-        if (i != rank && !(peer.greeted && peer.connected)) missing += (missing.empty() ? "" : ", ") + raw->peer_name(i);
+        if (i != rank && !(peer.greeted && peer.connected))
+          missing += (missing.empty() ? "" : ", ") + raw->peer_name(i);
       }
-      const std::string why = raw->failed ? raw->failure
-                                          : raw->who + ": not connected within " + std::to_string(raw->options.connect_timeout.count()) +
-                                                " ms to " + missing;
+      const std::string why = raw->failed
+                                  ? raw->failure
+                                  : raw->who + ": not connected within " +
+                                        std::to_string(raw->options.connect_timeout.count()) +
+                                        " ms to " + missing;
       const errc code = raw->failed ? errc::peer_failure : errc::timeout;
       raw->teardown = true;
       lock.unlock();
@@ -892,8 +950,8 @@ class zmq_transport {
     }
   }
 
-  request_type post_recv(int source, tag_type tag, detail::zmq_op_kind kind, std::byte* data, std::size_t size,
-                         message_buffer* buffer) {
+  request_type post_recv(int source, tag_type tag, detail::zmq_op_kind kind, std::byte* data,
+                         std::size_t size, message_buffer* buffer) {
     detail::zmq_engine& e = engine();
     check_peer(source, "irecv");
     auto op = std::make_shared<detail::zmq_op>();
@@ -906,8 +964,9 @@ class zmq_transport {
     op->engine = &e;
     std::unique_lock lock(e.mutex);
     e.check_usable("irecv");
-    const auto it = std::find_if(e.unexpected.begin(), e.unexpected.end(),
-                                 [&](const detail::zmq_incoming& m) { return m.peer == source && m.tag == tag; });
+    const auto it = std::find_if(
+        e.unexpected.begin(), e.unexpected.end(),
+        [&](const detail::zmq_incoming& m) { return m.peer == source && m.tag == tag; });
     if (it != e.unexpected.end()) {
       zmq::message_t payload = std::move(it->payload);
       e.unexpected.erase(it);
@@ -918,8 +977,9 @@ class zmq_transport {
     }
     if (source != e.rank && e.peers[static_cast<std::size_t>(source)].said_bye) {
       e.finish_locked(*op, detail::zmq_failed, errc::peer_failure,
-                      e.who + ": rank " + std::to_string(e.rank) + " receives from " + e.peer_name(source) +
-                          " (tag " + std::to_string(tag) + "), which has closed its transport");
+                      e.who + ": rank " + std::to_string(e.rank) + " receives from " +
+                          e.peer_name(source) + " (tag " + std::to_string(tag) +
+                          "), which has closed its transport");
       return request_type(std::move(op));
     }
     e.posted.push_back(op);

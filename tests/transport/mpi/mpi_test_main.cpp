@@ -27,7 +27,9 @@ using namespace std::chrono_literals;
 int scenarios(int thread_level) {
   {
     mpi_transport t(MPI_COMM_WORLD, {.max_block_bytes = 4099});
-    if (t.rank() == 0) std::printf("MPI thread level %d (MPI_THREAD_MULTIPLE = %d)\n", thread_level, MPI_THREAD_MULTIPLE);
+    if (t.rank() == 0)
+      std::printf("MPI thread level %d (MPI_THREAD_MULTIPLE = %d)\n", thread_level,
+                  MPI_THREAD_MULTIPLE);
     test::run_all_scenarios(t, std::size_t{1} << 20, 31);
     // Several threads per rank, each with its own tag.
     std::vector<std::thread> threads;
@@ -36,8 +38,10 @@ int scenarios(int thread_level) {
       threads.emplace_back([&, k] {
         try {
           for (int round = 0; round < 5; ++round) {
-            test::allgather_case(t, [&](int r) { return static_cast<std::size_t>(1000 * k + 7 * r + round); },
-                                 {.tag = static_cast<tag_type>(40 + k), .chunk_bytes = 512}, static_cast<std::uint64_t>(k * 10 + round));
+            test::allgather_case(
+                t, [&](int r) { return static_cast<std::size_t>(1000 * k + 7 * r + round); },
+                {.tag = static_cast<tag_type>(40 + k), .chunk_bytes = 512},
+                static_cast<std::uint64_t>(k * 10 + round));
           }
         } catch (const std::exception& e) {
           std::fprintf(stderr, "thread %d: %s\n", k, e.what());
@@ -61,8 +65,11 @@ int scenarios(int thread_level) {
   {
     mpi_transport t(MPI_COMM_WORLD, {.native_collectives = true, .payload_checksum = true});
     test::run_all_scenarios(t, std::size_t{1} << 20, 32);
-    test::allgather_case(t, [](int r) { return static_cast<std::size_t>(10 + r); }, {.algorithm = allgather_algorithm::native}, 33);
-    test::allreduce_case<double>(t, 1001, {.algorithm = allreduce_algorithm::native, .average = true}, 34);
+    test::allgather_case(
+        t, [](int r) { return static_cast<std::size_t>(10 + r); },
+        {.algorithm = allgather_algorithm::native}, 33);
+    test::allreduce_case<double>(t, 1001,
+                                 {.algorithm = allreduce_algorithm::native, .average = true}, 34);
   }
   std::printf("rank: scenarios passed\n");
   return 0;
@@ -77,10 +84,15 @@ int stall() {
     if (t.rank() == 2 && round == 3) std::this_thread::sleep_for(6s);  // alive but silent
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      sparse_allgather(t, mine, out, {.tag = 1, .timeout = 2000ms, .algorithm = allgather_algorithm::ring, .chunk_bytes = 4096});
+      sparse_allgather(t, mine, out,
+                       {.tag = 1,
+                        .timeout = 2000ms,
+                        .algorithm = allgather_algorithm::ring,
+                        .chunk_bytes = 4096});
     } catch (const error& e) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("rank %d: failed as expected in round %d after %.2f s: %s\n", t.rank(), round, s, e.what());
+      std::printf("rank %d: failed as expected in round %d after %.2f s: %s\n", t.rank(), round, s,
+                  e.what());
       const bool kind = e.code() == errc::timeout || e.code() == errc::peer_failure;
       result = kind && round == 3 && s < 5.0 ? 0 : 1;
       break;
@@ -94,7 +106,8 @@ int stall() {
 
 int kill_rank() {
   mpi_transport t;
-  const std::vector<std::byte> mine(std::size_t{1} << 20, std::byte{static_cast<unsigned char>(t.rank())});
+  const std::vector<std::byte> mine(std::size_t{1} << 20,
+                                    std::byte{static_cast<unsigned char>(t.rank())});
   std::vector<message_buffer> out(static_cast<std::size_t>(t.size()));
   for (int round = 0; round < 1000; ++round) {
     if (t.rank() == 2 && round == 5) {
@@ -102,8 +115,11 @@ int kill_rank() {
       std::fflush(stdout);
       std::raise(SIGKILL);
     }
-    sparse_allgather(t, mine, out, {.tag = 1, .timeout = 30s, .algorithm = allgather_algorithm::ring, .chunk_bytes = 65536});
-    if (round >= 5) std::printf("rank %d: exchange completed after the kill (round %d)\n", t.rank(), round);
+    sparse_allgather(
+        t, mine, out,
+        {.tag = 1, .timeout = 30s, .algorithm = allgather_algorithm::ring, .chunk_bytes = 65536});
+    if (round >= 5)
+      std::printf("rank %d: exchange completed after the kill (round %d)\n", t.rank(), round);
     std::fflush(stdout);
   }
   return 1;

@@ -49,11 +49,13 @@ void on_every_gpu(Fn&& fn) {
 
 }  // namespace
 
-TEST_CASE("nccl: all-reduce, broadcast and barrier through the generic functions", "[transport][nccl]") {
+TEST_CASE("nccl: all-reduce, broadcast and barrier through the generic functions",
+          "[transport][nccl]") {
   on_every_gpu([](nccl_transport& t) {
     const std::size_t n = 1 << 20;
     std::vector<float> host(n);
-    for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>((i % 7) + static_cast<std::size_t>(t.rank()));
+    for (std::size_t i = 0; i < n; ++i)
+      host[i] = static_cast<float>((i % 7) + static_cast<std::size_t>(t.rank()));
     float* dev = nullptr;
     check_cuda(cudaMalloc(&dev, n * sizeof(float)));
     check_cuda(cudaMemcpy(dev, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
@@ -74,7 +76,8 @@ TEST_CASE("nccl: all-reduce, broadcast and barrier through the generic functions
   });
 }
 
-TEST_CASE("nccl: variable-length all-gather and point-to-point on device memory", "[transport][nccl]") {
+TEST_CASE("nccl: variable-length all-gather and point-to-point on device memory",
+          "[transport][nccl]") {
   on_every_gpu([](nccl_transport& t) {
     const int p = t.size();
     const std::size_t capacity = 1 << 16;
@@ -86,14 +89,19 @@ TEST_CASE("nccl: variable-length all-gather and point-to-point on device memory"
     std::vector<std::byte> host(mine_n, std::byte{static_cast<unsigned char>(10 + t.rank())});
     check_cuda(cudaMemcpy(mine, host.data(), mine_n, cudaMemcpyHostToDevice));
     std::vector<std::uint64_t> lengths(static_cast<std::size_t>(p));
-    auto r = t.sparse_allgather(std::span<const std::byte>(mine, mine_n), out, capacity, lengths, std::chrono::seconds(30));
+    auto r = t.sparse_allgather(std::span<const std::byte>(mine, mine_n), out, capacity, lengths,
+                                std::chrono::seconds(30));
     wait_or_throw(r, std::chrono::seconds(30), "all-gather");
     for (int q = 0; q < p; ++q) {
-      if (lengths[static_cast<std::size_t>(q)] != 1000 + 17 * static_cast<std::uint64_t>(q)) throw error(errc::invalid_argument, "length wrong");
+      if (lengths[static_cast<std::size_t>(q)] != 1000 + 17 * static_cast<std::uint64_t>(q))
+        throw error(errc::invalid_argument, "length wrong");
       std::byte last{};
-      check_cuda(cudaMemcpy(&last, out + static_cast<std::size_t>(q) * capacity + lengths[static_cast<std::size_t>(q)] - 1, 1,
-                            cudaMemcpyDeviceToHost));
-      if (last != std::byte{static_cast<unsigned char>(10 + q)}) throw error(errc::invalid_argument, "all-gather bytes wrong");
+      check_cuda(cudaMemcpy(
+          &last,
+          out + static_cast<std::size_t>(q) * capacity + lengths[static_cast<std::size_t>(q)] - 1,
+          1, cudaMemcpyDeviceToHost));
+      if (last != std::byte{static_cast<unsigned char>(10 + q)})
+        throw error(errc::invalid_argument, "all-gather bytes wrong");
     }
     // A ring step: send right, receive from the left, together.
     const int right = (t.rank() + 1) % p;
@@ -107,7 +115,8 @@ TEST_CASE("nccl: variable-length all-gather and point-to-point on device memory"
     wait_or_throw(rr, std::chrono::seconds(30), "receive");
     std::byte first{};
     check_cuda(cudaMemcpy(&first, out, 1, cudaMemcpyDeviceToHost));
-    if (first != std::byte{static_cast<unsigned char>(10 + left)}) throw error(errc::invalid_argument, "ring step wrong");
+    if (first != std::byte{static_cast<unsigned char>(10 + left)})
+      throw error(errc::invalid_argument, "ring step wrong");
     check_cuda(cudaFree(mine));
     check_cuda(cudaFree(out));
   });

@@ -57,7 +57,8 @@ int run_threads() {
   ::setenv("STELLATRAIN_ZMQ_PEERS", list.c_str(), 1);
   ::setenv("STELLATRAIN_RANK", "2", 1);
   const auto parsed = zmq_peer_list::from_environment();
-  if (parsed.rank != 2 || parsed.endpoints != endpoints) return fail("STELLATRAIN_ZMQ_PEERS parsed wrongly");
+  if (parsed.rank != 2 || parsed.endpoints != endpoints)
+    return fail("STELLATRAIN_ZMQ_PEERS parsed wrongly");
   ::setenv("STELLATRAIN_RANK", "4", 1);
   try {
     (void)zmq_peer_list::from_environment();
@@ -73,7 +74,8 @@ int run_threads() {
   for (int r = 0; r < p; ++r) {
     threads.emplace_back([&, r] {
       try {
-        zmq_transport t(std::move(*listeners[static_cast<std::size_t>(r)]), r, endpoints, {.connect_timeout = 20s});
+        zmq_transport t(std::move(*listeners[static_cast<std::size_t>(r)]), r, endpoints,
+                        {.connect_timeout = 20s});
         test::run_all_scenarios(t, std::size_t{1} << 20, 11);
         // Payload checksums on: same results.
       } catch (const std::exception& e) {
@@ -97,8 +99,10 @@ int run_threads() {
     for (int r = 0; r < 2; ++r) {
       ts.emplace_back([&, r] {
         try {
-          zmq_transport t(std::move(*ls[static_cast<std::size_t>(r)]), r, eps, {.payload_checksum = true});
-          test::allgather_case(t, [](int q) { return static_cast<std::size_t>(100000 + q); }, {}, 5);
+          zmq_transport t(std::move(*ls[static_cast<std::size_t>(r)]), r, eps,
+                          {.payload_checksum = true});
+          test::allgather_case(
+              t, [](int q) { return static_cast<std::size_t>(100000 + q); }, {}, 5);
           test::p2p_case(t, 6, 1);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "checksum world rank %d: %s\n", r, e.what());
@@ -191,7 +195,8 @@ int run_worker(const std::string& mode, const fs::path& dir, int rank, int p) {
   test::publish(dir / ("ep." + std::to_string(rank)), listener.endpoint());
   if (rank == 0) {
     std::string peers = "# endpoints of this world, in rank order\n";
-    for (int r = 0; r < p; ++r) peers += test::await_file(dir / ("ep." + std::to_string(r)), deadline) + "\n";
+    for (int r = 0; r < p; ++r)
+      peers += test::await_file(dir / ("ep." + std::to_string(r)), deadline) + "\n";
     test::publish(dir / "peers", peers);
   }
   (void)test::await_file(dir / "peers", deadline);
@@ -211,27 +216,36 @@ int run_worker(const std::string& mode, const fs::path& dir, int rank, int p) {
     return 0;
   }
   // Fault modes: exchange in a loop until something fails.
-  const std::vector<std::byte> mine(std::size_t{4} << 20, std::byte{static_cast<unsigned char>(rank)});
+  const std::vector<std::byte> mine(std::size_t{4} << 20,
+                                    std::byte{static_cast<unsigned char>(rank)});
   std::vector<message_buffer> out(static_cast<std::size_t>(p));
   collective_workspace<zmq_transport> ws;
   std::vector<float> grad(std::size_t{1} << 20, 1.0f);
   const auto timeout = mode == "stall" ? 1000ms : 20000ms;
   for (int round = 0;; ++round) {
     if (round == 2) test::publish(dir / ("running." + std::to_string(rank)), "yes");
-    if (mode == "stall" && rank == 2 && round == 3) std::this_thread::sleep_for(4s);  // alive but silent
+    if (mode == "stall" && rank == 2 && round == 3)
+      std::this_thread::sleep_for(4s);  // alive but silent
     try {
-      sparse_allgather(t, mine, out, {.tag = 1, .timeout = timeout, .algorithm = allgather_algorithm::ring, .chunk_bytes = 1 << 18}, ws);
+      sparse_allgather(t, mine, out,
+                       {.tag = 1,
+                        .timeout = timeout,
+                        .algorithm = allgather_algorithm::ring,
+                        .chunk_bytes = 1 << 18},
+                       ws);
       dense_allreduce(t, std::span<float>(grad), {.tag = 2, .timeout = timeout, .average = true});
     } catch (const error& e) {
       std::printf("rank %d: failed as expected in round %d: %s\n", rank, round, e.what());
       // A killed or frozen rank is named; after a stall the first timeout may name any rank.
-      const bool named = mode == "stall" || std::string(e.what()).find("rank 2") != std::string::npos;
+      const bool named =
+          mode == "stall" || std::string(e.what()).find("rank 2") != std::string::npos;
       const bool kind = e.code() == errc::peer_failure || e.code() == errc::timeout;
       return named && kind ? expected_failure : 1;
     }
     for (int r = 0; r < p; ++r) {
       if (out[static_cast<std::size_t>(r)].size() != mine.size() ||
-          out[static_cast<std::size_t>(r)].data()[12345] != std::byte{static_cast<unsigned char>(r)}) {
+          out[static_cast<std::size_t>(r)].data()[12345] !=
+              std::byte{static_cast<unsigned char>(r)}) {
         std::printf("rank %d: wrong all-gather result in round %d\n", rank, round);
         return 1;
       }
@@ -248,8 +262,8 @@ int run_processes(const char* self, const std::string& mode, int p) {
   test::temp_dir dir;
   std::vector<test::child> kids(static_cast<std::size_t>(p));
   for (int r = 0; r < p; ++r) {
-    kids[static_cast<std::size_t>(r)].pid =
-        test::spawn({self, "worker", mode, dir.path.string(), std::to_string(r), std::to_string(p)});
+    kids[static_cast<std::size_t>(r)].pid = test::spawn(
+        {self, "worker", mode, dir.path.string(), std::to_string(r), std::to_string(p)});
   }
   const auto start = test::steady::now();
   auto fault_at = start;
@@ -287,13 +301,16 @@ int run_processes(const char* self, const std::string& mode, int p) {
   } else {
     ok = test::wait_all(kids, fault_at + bound);
   }
-  if (!ok) return fail(mode + ": workers did not end within " + std::to_string(bound.count()) + " s (killed)");
+  if (!ok)
+    return fail(mode + ": workers did not end within " + std::to_string(bound.count()) +
+                " s (killed)");
   int bad = 0;
   for (int r = 0; r < p; ++r) {
     const auto& k = kids[static_cast<std::size_t>(r)];
     const int code = test::exit_code(*k.status);
     const double after = std::chrono::duration<double>(k.ended - fault_at).count();
-    std::printf("%s: rank %d ended with %s, %.2f s after the fault\n", mode.c_str(), r, test::describe(*k.status).c_str(), after);
+    std::printf("%s: rank %d ended with %s, %.2f s after the fault\n", mode.c_str(), r,
+                test::describe(*k.status).c_str(), after);
     if (mode == "scenarios") {
       bad += code == 0 ? 0 : 1;
     } else if (r == 2 && mode != "stall") {
@@ -314,12 +331,17 @@ int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "";
     if (mode == "threads") return run_threads();
     if (mode == "garbage") return run_garbage();
-    if (mode == "worker" && argc == 6) return run_worker(argv[2], argv[3], std::atoi(argv[4]), std::atoi(argv[5]));
-    if ((mode == "processes" || mode == "kill" || mode == "freeze" || mode == "stall") && argc == 3) {
+    if (mode == "worker" && argc == 6)
+      return run_worker(argv[2], argv[3], std::atoi(argv[4]), std::atoi(argv[5]));
+    if ((mode == "processes" || mode == "kill" || mode == "freeze" || mode == "stall") &&
+        argc == 3) {
       const std::string self = fs::read_symlink("/proc/self/exe").string();
-      return run_processes(self.c_str(), mode == "processes" ? "scenarios" : mode, std::atoi(argv[2]));
+      return run_processes(self.c_str(), mode == "processes" ? "scenarios" : mode,
+                           std::atoi(argv[2]));
     }
-    std::fprintf(stderr, "usage: %s threads | garbage | processes N | kill N | freeze N | stall N\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s threads | garbage | processes N | kill N | freeze N | stall N\n",
+                 argv[0]);
     return 2;
   } catch (const std::exception& e) {
     return fail(e.what());

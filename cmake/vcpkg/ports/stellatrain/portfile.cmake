@@ -5,10 +5,13 @@
 # A registry port would fetch a release with vcpkg_from_github instead of SOURCE_PATH below.
 set(SOURCE_PATH "${CMAKE_CURRENT_LIST_DIR}/../../../..")
 
-# The cuda feature turns into -DSTELLATRAIN_ENABLE_CUDA=ON (OFF without it).
+# Each feature turns into -DSTELLATRAIN_ENABLE_<X>=ON (OFF without it): cuda, and the
+# transport components mpi and zmq.
 vcpkg_check_features(OUT_FEATURE_OPTIONS FEATURE_OPTIONS
     FEATURES
         cuda STELLATRAIN_ENABLE_CUDA
+        mpi STELLATRAIN_ENABLE_MPI
+        zmq STELLATRAIN_ENABLE_ZMQ
 )
 
 set(VCPKG_BUILD_TYPE release) # header-only port

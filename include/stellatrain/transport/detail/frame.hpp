@@ -27,7 +27,8 @@ struct frame_crc_tables {
       t[0][i] = c;
     }
     for (std::size_t s = 1; s < 8; ++s) {
-      for (std::size_t i = 0; i < 256; ++i) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFFu];
+      for (std::size_t i = 0; i < 256; ++i)
+        t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFFu];
     }
   }
 };
@@ -54,7 +55,8 @@ inline void frame_store_u64(std::byte* p, std::uint64_t v) noexcept {
 }
 
 // CRC32C of `bytes` continuing from `crc` (start with 0).
-inline std::uint32_t frame_crc32c(std::span<const std::byte> bytes, std::uint32_t crc = 0) noexcept {
+inline std::uint32_t frame_crc32c(std::span<const std::byte> bytes,
+                                  std::uint32_t crc = 0) noexcept {
   const auto& t = frame_crc_table.t;
   std::uint32_t c = ~crc;
   const std::byte* p = bytes.data();
@@ -98,7 +100,8 @@ struct frame_header {
 
 using frame_bytes = std::array<std::byte, frame_header_bytes>;
 
-inline void encode_frame(const frame_header& h, std::span<std::byte, frame_header_bytes> out) noexcept {
+inline void encode_frame(const frame_header& h,
+                         std::span<std::byte, frame_header_bytes> out) noexcept {
   std::byte* p = out.data();
   frame_store_u32(p, frame_magic);
   p[4] = static_cast<std::byte>(frame_version);
@@ -138,14 +141,14 @@ inline frame_header decode_frame(std::span<const std::byte> bytes, std::uint32_t
   }
   const std::byte* p = bytes.data();
   if (frame_load_u32(p) != frame_magic) {
-    throw_error(errc::malformed_message,
-                who + ": frame from rank " + std::to_string(peer) + " does not start with the magic");
+    throw_error(errc::malformed_message, who + ": frame from rank " + std::to_string(peer) +
+                                             " does not start with the magic");
   }
   if (static_cast<std::uint8_t>(p[4]) != frame_version) {
     throw_error(errc::version_mismatch, who + ": frame version " +
                                             std::to_string(static_cast<unsigned>(p[4])) +
-                                            " from rank " + std::to_string(peer) + ", this build reads " +
-                                            std::to_string(frame_version));
+                                            " from rank " + std::to_string(peer) +
+                                            ", this build reads " + std::to_string(frame_version));
   }
   const std::uint32_t crc = frame_crc32c(bytes.first(28));
   if (frame_load_u32(p + 28) != crc) {
@@ -173,7 +176,8 @@ inline frame_header decode_frame(std::span<const std::byte> bytes, std::uint32_t
   if (h.length > max_length) {
     throw_error(errc::resource_exhausted, who + ": frame from rank " + std::to_string(peer) +
                                               " announces " + std::to_string(h.length) +
-                                              " bytes, above the limit of " + std::to_string(max_length));
+                                              " bytes, above the limit of " +
+                                              std::to_string(max_length));
   }
   return h;
 }
@@ -190,7 +194,8 @@ inline void verify_payload(const frame_header& h, std::span<const std::byte> pay
   if ((h.flags & frame_flag_payload_crc) != 0 && frame_crc32c(payload) != h.payload_crc) {
     throw_error(errc::checksum_mismatch, who + ": payload of " + std::to_string(h.length) +
                                              " bytes from rank " + std::to_string(h.source) +
-                                             " (tag " + std::to_string(h.tag) + ") fails its CRC32C");
+                                             " (tag " + std::to_string(h.tag) +
+                                             ") fails its CRC32C");
   }
 }
 
