@@ -2,13 +2,34 @@
 # The selection and compression tests again, built for AVX2 (+FMA, F16C) and for AVX-512, so
 # that their xsimd::default_arch is that instruction set and every SIMD path is checked
 # against the scalar one whatever the build's own flags. Each runs as one ctest test that
-# exits 77 (skipped) on a CPU without the instruction set.
+# exits 77 (skipped) on a CPU without the instruction set. STELLATRAIN_TEST_ISAS says which
+# are built: "host" (default: those the building CPU runs, read from /proc/cpuinfo; all where
+# that file is missing), "all", "none", or a list.
 include(CheckCXXCompilerFlag)
+set(_isas "${STELLATRAIN_TEST_ISAS}")
+if(_isas STREQUAL "all")
+  set(_isas avx2 avx512)
+elseif(_isas STREQUAL "none")
+  set(_isas "")
+elseif(_isas STREQUAL "host")
+  set(_isas avx2 avx512)
+  if(EXISTS "/proc/cpuinfo")
+    file(STRINGS "/proc/cpuinfo" _cpu_flags REGEX "^flags" LIMIT_COUNT 1)
+    set(_isas "")
+    if(_cpu_flags MATCHES " avx2( |$)" AND _cpu_flags MATCHES " fma( |$)" AND _cpu_flags MATCHES " f16c( |$)")
+      list(APPEND _isas avx2)
+    endif()
+    if(_cpu_flags MATCHES " avx512f( |$)" AND _cpu_flags MATCHES " avx512bw( |$)" AND
+       _cpu_flags MATCHES " avx512dq( |$)" AND _cpu_flags MATCHES " avx512vl( |$)")
+      list(APPEND _isas avx512)
+    endif()
+  endif()
+endif()
 file(GLOB _isa_sources CONFIGURE_DEPENDS
   "${CMAKE_CURRENT_SOURCE_DIR}/select/test_*.cpp" "${CMAKE_CURRENT_SOURCE_DIR}/compress/test_*.cpp")
 set(_isa_avx2 "-mavx2;-mfma;-mf16c")
 set(_isa_avx512 "-mavx512f;-mavx512bw;-mavx512dq;-mavx512vl;-mavx2;-mfma;-mf16c")
-foreach(_isa IN ITEMS avx2 avx512)
+foreach(_isa IN LISTS _isas)
   string(REPLACE ";" " " _flags "${_isa_${_isa}}")
   check_cxx_compiler_flag("${_flags}" STELLATRAIN_CXX_HAS_${_isa})
   if(NOT STELLATRAIN_CXX_HAS_${_isa} OR NOT _isa_sources)

@@ -6,8 +6,8 @@
 # with 10 ms RTT. The link is shaped by the kernel (HTB) and wan-emu's delay line, not by the
 # library. Each run prints rank 0's table; summaries land in out/wan/<backend>-<rate>/.
 #
-#   bench/wan/train.sh [BUILD_DIR] [-- extra trainer options]
-#       BUILD_DIR: a build with examples (default build/bench-native)
+#   bench/wan/run.sh [BUILD_DIR] [-- extra trainer options]
+#       BUILD_DIR: a build with the trainer (default build/demo: cmake --preset demo && cmake --build --preset demo)
 #
 # A benchmark, not a CI test: needs root, network namespaces, iproute2 and python3, and says
 # so when they are missing. Environment: WAN_EMU (default ../shared/tools/wan-emu beside the
@@ -15,7 +15,7 @@
 # WAN_CC (reno; "host" keeps the host's default congestion control).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-build=${1:-$root/build/bench-native}
+build=${1:-$root/build/demo}
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
