@@ -19,7 +19,7 @@
 # The ranks' TCP congestion control is reno unless WAN_CC says otherwise ("host" keeps the
 # host's default). Namespaces may only use what the host allows; the hosts this was measured
 # on default to BBR (v1), which leaves 10-50% of an HTB-shaped access link unused when
-# several flows share it (see the transport section of the closing report), while the
+# several flows share it (WAN_CC=host shows it with the direct all-gather), while the
 # kernel's stock cubic is not allowed inside namespaces there. The target rows are the
 # collectives' default algorithms; "direct" rows are for information.
 set -euo pipefail

@@ -213,6 +213,9 @@ double score_blocks(Ex& ex, const Source& src, std::uint64_t n, float* scores, d
   return total;
 }
 
+/// Blocks per emission task of a block selection, at least.
+inline constexpr std::uint64_t emit_group_min = 256;
+
 /// Storage of a block selection.
 struct block_workspace {
   aligned_buffer<float> scores;
@@ -232,7 +235,8 @@ struct block_workspace {
       blocks = aligned_buffer<std::uint64_t>(q, opts, ex);
       out = aligned_buffer<std::uint64_t>(q + 1, opts, ex);
     }
-    const std::uint64_t chunks = chunk_count(n, select_grain);
+    // One partial energy per scoring chunk, and later per emission group (>= 256 blocks).
+    const std::uint64_t chunks = std::max(chunk_count(n, select_grain), chunk_count(q, emit_group_min));
     if (chunks > partial.size()) partial = aligned_buffer<double>(chunks, opts, ex);
     ws.reserve(ex, exact_capacity(nb, q, o.min_capacity), nb, o.samples);
   }
@@ -311,7 +315,8 @@ block_selection_stats block_select(Ex& ex, const Source& src, std::uint64_t n, s
     out[s + 1] = out[s] + (blocks[s] == partial_block ? partial_count : size_of_block(blocks[s]));
   }
   STELLATRAIN_ASSERT(out[q] == k, "block_select: selection does not hold exactly k");
-  const std::uint64_t group = std::max<std::uint64_t>(256, q / (4 * std::max<std::size_t>(ex.concurrency(), 1)));
+  const std::uint64_t group =
+      std::max<std::uint64_t>(emit_group_min, q / (4 * std::max<std::size_t>(ex.concurrency(), 1)));
   const std::uint64_t groups = chunk_count(q, group);
   double* const partial = bw.partial.data();
   for_each_chunk(ex, q, group, [&](std::uint64_t s0, std::uint64_t s1) {

@@ -68,6 +68,7 @@ template <class V>
 void encode_values(const V* STELLATRAIN_RESTRICT src, std::size_t n, value_encoding enc,
                    std::byte* STELLATRAIN_RESTRICT out) noexcept {
   constexpr bool little = std::endian::native == std::endian::little;
+  if (n == 0) return;  // src and out may be null then (memcpy's arguments may not)
   if (value_encoding_of<V> == enc && little) {
     std::memcpy(out, src, n * sizeof(V));
     return;
@@ -103,6 +104,7 @@ template <class V>
 void decode_values(const std::byte* STELLATRAIN_RESTRICT in, std::size_t n, value_encoding enc,
                    V* STELLATRAIN_RESTRICT dst) noexcept {
   constexpr bool little = std::endian::native == std::endian::little;
+  if (n == 0) return;  // in and dst may be null then (memcpy's arguments may not)
   if (value_encoding_of<V> == enc && little) {
     std::memcpy(dst, in, n * sizeof(V));
     return;
