@@ -9,6 +9,11 @@
 //                        selection of 10M fp32 elements as u32 index + fp32 value)
 //     --allreduce N      floats of the dense all-reduce (default 10000000; 0 = skip)
 //     --reps K           timed repetitions of each (default 5)
+//     --batch B          all-gather calls per timed repetition, back to back (default 1);
+//                        the reported time is per call. B > 1 measures throughput as
+//                        nccl-tests does (the ring's fill latency and the start barrier's
+//                        exit skew spread over B calls, as over a step's buckets in training);
+//                        B = 1 is the latency of one call started by a barrier
 //     --allreduce-reps K timed repetitions of the all-reduce (default: --reps)
 //     --warmups W        untimed all-gathers first (default 5; the all-reduce gets 1): TCP
 //                        opens its windows over the first ones, as in the first steps of training
@@ -53,6 +58,7 @@ struct config {
   std::size_t allgather = 800000;
   std::size_t allreduce = 10'000'000;
   int reps = 5;
+  int batch = 1;
   allgather_algorithm algorithm = allgather_algorithm::automatic;
   std::string algorithm_name = "auto";
   std::size_t chunk = auto_chunk_bytes;
@@ -88,6 +94,8 @@ config parse(int argc, char** argv) {
       c.allreduce = std::stoull(next());
     else if (a == "--reps")
       c.reps = std::stoi(next());
+    else if (a == "--batch")
+      c.batch = std::stoi(next());
     else if (a == "--chunk")
       c.chunk = std::stoull(next());
     else if (a == "--link-mbit")
@@ -122,15 +130,17 @@ config parse(int argc, char** argv) {
   }
   if (c.backend.empty()) usage("--backend is required");
   if (c.reps < 1) usage("--reps must be at least 1");
+  if (c.batch < 1) usage("--batch must be at least 1");
   return c;
 }
 
-// Times `op` `reps` times after `warmups` untimed runs, each start aligned by a barrier;
-// returns the per-repetition maximum over ranks (all ranks get the same vector). The warm-up
-// sizes the buffers and lets TCP open its windows: the steady state of training, where the
-// collective runs every step.
+// Times `reps` repetitions of `batch` back-to-back calls of `op` after `warmups` untimed
+// calls, each repetition's start aligned by a barrier; returns the time per call of each
+// repetition, the maximum over ranks (all ranks get the same vector). The warm-up sizes the
+// buffers and lets TCP open its windows: the steady state of training, where the collective
+// runs every step.
 template <transport T, class Op>
-std::vector<double> timed(T& t, int warmups, int reps, Op&& op) {
+std::vector<double> timed(T& t, int warmups, int reps, int batch, Op&& op) {
   std::vector<double> mine;
   for (int k = 0; k < warmups; ++k) {
     barrier(t, {.tag = 900, .timeout = 600s});
@@ -139,8 +149,9 @@ std::vector<double> timed(T& t, int warmups, int reps, Op&& op) {
   for (int k = 0; k < reps; ++k) {
     barrier(t, {.tag = 900, .timeout = 600s});
     const auto t0 = std::chrono::steady_clock::now();
-    op();
-    mine.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (int b = 0; b < batch; ++b) op();
+    mine.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                   batch);
   }
   std::vector<message_buffer> all(static_cast<std::size_t>(t.size()));
   sparse_allgather(t, std::as_bytes(std::span<const double>(mine)), all,
@@ -168,17 +179,18 @@ std::string allgather_name(const config& c, int p) {
   return p <= allgather_options{}.direct_max_ranks ? "auto:direct" : "auto:ring";
 }
 
-void report(const config& c, int p, const char* op, std::size_t bytes, double sent_per_rank,
-            const std::vector<double>& times) {
+void report(const config& c, int p, const char* op, std::size_t bytes, int batch,
+            double sent_per_rank, const std::vector<double>& times) {
   const double s = median(times);
   const double best = *std::min_element(times.begin(), times.end());
   const double goodput = sent_per_rank * 8 / s / 1e6;
   std::printf(
-      "backend=%s op=%s algorithm=%s ranks=%d bytes=%zu reps=%zu median_s=%.4f best_s=%.4f "
+      "backend=%s op=%s algorithm=%s ranks=%d bytes=%zu reps=%zu batch=%d median_s=%.4f "
+      "best_s=%.4f "
       "per_rank_MBps=%.1f goodput_mbit=%.2f",
       c.backend.c_str(), op,
       std::strcmp(op, "sparse_allgather") == 0 ? allgather_name(c, p).c_str() : "ring", p, bytes,
-      times.size(), s, best, sent_per_rank / s / 1e6, goodput);
+      times.size(), batch, s, best, sent_per_rank / s / 1e6, goodput);
   if (c.link_mbit > 0) std::printf(" utilization=%.3f", goodput / c.link_mbit);
   if (c.verbose) {
     std::printf(" times_s=");
@@ -200,7 +212,7 @@ void run(T& t, const config& c) {
     const allgather_options opt{
         .tag = 1, .timeout = 600s, .algorithm = c.algorithm, .chunk_bytes = c.chunk};
     const auto times =
-        timed(t, c.warmups, c.reps, [&] { sparse_allgather(t, mine, out, opt, ws); });
+        timed(t, c.warmups, c.reps, c.batch, [&] { sparse_allgather(t, mine, out, opt, ws); });
     for (int r = 0; r < p; ++r) {
       if (out[static_cast<std::size_t>(r)].size() != c.allgather ||
           out[static_cast<std::size_t>(r)].data()[c.allgather / 2] !=
@@ -209,21 +221,21 @@ void run(T& t, const config& c) {
       }
     }
     if (t.rank() == 0)
-      report(c, p, "sparse_allgather", c.allgather,
+      report(c, p, "sparse_allgather", c.allgather, c.batch,
              static_cast<double>(p - 1) * static_cast<double>(c.allgather), times);
   }
   if (c.allreduce > 0) {
     aligned_buffer<float> grad(c.allreduce, {.prefault = true});
     std::fill(grad.begin(), grad.end(), 1.0f);
     const allreduce_options opt{.tag = 2, .timeout = 600s, .chunk_bytes = c.chunk};
-    const auto times = timed(t, 1, c.allreduce_reps > 0 ? c.allreduce_reps : c.reps, [&] {
+    const auto times = timed(t, 1, c.allreduce_reps > 0 ? c.allreduce_reps : c.reps, 1, [&] {
       std::fill(grad.begin(), grad.end(), 1.0f);
       dense_allreduce(t, grad.span(), opt, ws);
     });
     if (grad[c.allreduce - 1] != static_cast<float>(p))
       throw error(errc::malformed_message, "transport_perf: wrong all-reduce result");
     const double sent = 2.0 * (p - 1) / p * 4.0 * static_cast<double>(c.allreduce);
-    if (t.rank() == 0) report(c, p, "dense_allreduce", c.allreduce * 4, sent, times);
+    if (t.rank() == 0) report(c, p, "dense_allreduce", c.allreduce * 4, 1, sent, times);
   }
 }
 

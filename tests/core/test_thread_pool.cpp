@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -110,6 +111,38 @@ TEST_CASE("submit returns results and exceptions through futures", "[thread_pool
   CHECK(a.get() == 42);
   CHECK_THROWS_AS(b.get(), std::logic_error);
   c.get();
+}
+
+TEST_CASE("tasks that wait for each other run while workers poll or sleep", "[thread_pool]") {
+  // After a bulk call one worker polls for work and the other sleeps. Two tasks submitted
+  // back to back, the first blocking until the second has run, need both workers: a pool that
+  // let the polling worker take the second task's wake-up as well would hang here.
+  using namespace std::chrono_literals;
+  for (const auto spin : {0us, thread_pool::default_spin, 20000us}) {
+    thread_pool pool{2, spin};
+    CHECK(pool.spin() == spin);
+    bool all_ran = true;
+    for (int i = 0; i < 300 && all_ran; ++i) {
+      std::atomic<int> sum{0};
+      pool.bulk(2, [&](std::size_t k) { sum.fetch_add(static_cast<int>(k) + 1); });
+      REQUIRE(sum.load() == 3);
+      auto second_ran = std::make_shared<std::promise<void>>();  // outlives a failed iteration
+      auto gate = second_ran->get_future().share();
+      auto first = pool.submit([gate] { return gate.wait_for(5s) == std::future_status::ready; });
+      auto second = pool.submit([second_ran] { second_ran->set_value(); });
+      all_ran = first.wait_for(10s) == std::future_status::ready && first.get();
+      if (all_ran) second.get();
+    }
+    CHECK(all_ran);
+  }
+}
+
+TEST_CASE("a negative spin is taken as none", "[thread_pool]") {
+  thread_pool pool{1, std::chrono::microseconds{-5}};
+  CHECK(pool.spin().count() == 0);
+  std::atomic<int> ran{0};
+  pool.bulk(4, [&](std::size_t) { ran.fetch_add(1); });
+  CHECK(ran.load() == 4);
 }
 
 TEST_CASE("the destructor finishes the tasks already submitted", "[thread_pool]") {

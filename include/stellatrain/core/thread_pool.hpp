@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -26,6 +27,16 @@
 namespace stellatrain {
 
 namespace detail {
+
+// A hint to the core that this thread is polling (x86 PAUSE): frees resources for the other
+// hyper-thread and saves power while a wait spins.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 // Shared between the caller of bulk() and the helper tasks it posts. Helpers that start after
 // every index was claimed see `next >= count` and return without touching `fn`, so a late
@@ -57,7 +68,18 @@ struct bulk_state {
     }
   }
 
-  void wait() noexcept {
+  // Polls for up to `spin`, then sleeps until the last call has returned.
+  void wait(std::chrono::nanoseconds spin) noexcept {
+    if (done.load(std::memory_order_acquire) == count) return;
+    if (spin.count() > 0) {
+      const auto until = std::chrono::steady_clock::now() + spin;
+      do {
+        for (int k = 0; k < 64; ++k) {
+          if (done.load(std::memory_order_acquire) == count) return;
+          cpu_relax();
+        }
+      } while (std::chrono::steady_clock::now() < until);
+    }
     for (std::size_t d = done.load(std::memory_order_acquire); d != count;
          d = done.load(std::memory_order_acquire)) {
       done.wait(d, std::memory_order_acquire);
@@ -80,6 +102,14 @@ struct bulk_state {
 /// - As a task queue: `submit(f)` runs `f()` on a worker, first in first out, and returns a
 ///   `std::future` of its result (an exception thrown by `f` is stored in the future).
 ///
+/// Waking a sleeping thread costs tens of microseconds, as much as a whole small bulk call, so
+/// a worker that has finished a task polls for the next one for `spin` (default 50 us) before
+/// it sleeps, and `bulk` polls as long for its helpers before it sleeps: calls that follow each
+/// other closely (a kernel's phases, one tensor after another) find the workers awake. A worker
+/// spins only after a task, never while the pool is idle; `spin = 0` turns polling off (for
+/// machines with more runnable threads than cores, where a polling thread takes time from one
+/// that has work).
+///
 /// The destructor stops the workers after their current task; tasks still queued are dropped
 /// (their futures report `std::future_errc::broken_promise`). Destroy the pool only when no
 /// `bulk` call on it is in progress.
@@ -94,8 +124,12 @@ struct bulk_state {
 /// \endcode
 class thread_pool {
  public:
-  /// Starts `threads` workers (0 is taken as 1).
-  explicit thread_pool(std::size_t threads = hardware_threads()) {
+  /// How long an awake thread polls for work before it sleeps, unless the pool says otherwise.
+  static constexpr std::chrono::microseconds default_spin{50};
+
+  /// Starts `threads` workers (0 is taken as 1) that poll for `spin` after each task.
+  explicit thread_pool(std::size_t threads = hardware_threads(), std::chrono::microseconds spin = default_spin)
+      : spin_(std::max(spin, std::chrono::microseconds{0})) {
     threads = std::max<std::size_t>(threads, 1);
     workers_.reserve(threads);
     for (std::size_t i = 0; i < threads; ++i) {
@@ -118,6 +152,11 @@ class thread_pool {
   /// At most this many calls of one `bulk` run at once: `threads()`.
   [[nodiscard]] std::size_t concurrency() const noexcept { return workers_.size(); }
 
+  /// How long a thread polls for work before it sleeps (see the class comment).
+  [[nodiscard]] std::chrono::microseconds spin() const noexcept {
+    return std::chrono::duration_cast<std::chrono::microseconds>(spin_);
+  }
+
   /// Calls `f(i)` for every `i` in `[0, n)` and returns when all calls returned; rethrows the
   /// first exception (calls not yet started when it was thrown are skipped).
   template <class F>
@@ -135,15 +174,12 @@ class thread_pool {
         for (std::size_t h = 0; h < helpers; ++h) {
           queue_.emplace_back([state] { state->run(); });
         }
+        queued_.store(queue_.size(), std::memory_order_release);
       }
-      if (helpers == 1) {
-        ready_.notify_one();
-      } else {
-        ready_.notify_all();
-      }
+      wake(helpers);
     }
     state->run();
-    state->wait();
+    state->wait(spin_);
     if (state->error) std::rethrow_exception(state->error);
   }
 
@@ -156,28 +192,76 @@ class thread_pool {
     {
       std::lock_guard lock(mutex_);
       queue_.emplace_back([task] { (*task)(); });
+      queued_.store(queue_.size(), std::memory_order_release);
     }
-    ready_.notify_one();
+    wake(1);
     return future;
   }
 
  private:
+  // Wakes sleeping workers for `tasks` new tasks (queued under the mutex before this call),
+  // less the polling workers it claims: a claim takes one off `polling_`, and every polling
+  // worker, claimed or not, locks the mutex when it stops polling and takes a queued task if
+  // there is one. So each task either wakes a sleeper or has a polling worker on its way to
+  // it, and no task waits in the queue for a worker that is busy elsewhere.
+  void wake(std::size_t tasks) {
+    std::size_t polling = polling_.load(std::memory_order_seq_cst);
+    std::size_t claimed = 0;
+    do {
+      claimed = std::min(polling, tasks);
+    } while (claimed > 0 &&
+             !polling_.compare_exchange_weak(polling, polling - claimed, std::memory_order_seq_cst));
+    if (tasks - claimed == 1) {
+      ready_.notify_one();
+    } else if (tasks - claimed > 1) {
+      ready_.notify_all();
+    }
+  }
+
   void work(std::stop_token stop) {
+    bool after_task = false;
     for (;;) {
+      if (after_task && spin_.count() > 0) poll(stop);
       std::function<void()> task;
       {
         std::unique_lock lock(mutex_);
         if (!ready_.wait(lock, stop, [this] { return !queue_.empty(); })) return;
         task = std::move(queue_.front());
         queue_.pop_front();
+        queued_.store(queue_.size(), std::memory_order_release);
       }
       task();  // bulk helpers and packaged tasks do not throw
+      after_task = true;
     }
   }
 
+  // Polls `queued_` for up to spin_; returns when a task may be queued or the time is up, after
+  // taking itself off `polling_` unless a `wake` has claimed it (then the count is already off).
+  void poll(const std::stop_token& stop) {
+    polling_.fetch_add(1, std::memory_order_seq_cst);
+    const auto until = std::chrono::steady_clock::now() + spin_;
+    bool more = true;
+    while (more) {
+      for (int k = 0; k < 64; ++k) {
+        if (queued_.load(std::memory_order_acquire) != 0 || stop.stop_requested()) {
+          more = false;
+          break;
+        }
+        detail::cpu_relax();
+      }
+      if (more && std::chrono::steady_clock::now() >= until) more = false;
+    }
+    std::size_t polling = polling_.load(std::memory_order_seq_cst);
+    while (polling > 0 && !polling_.compare_exchange_weak(polling, polling - 1, std::memory_order_seq_cst)) {
+    }
+  }
+
+  std::chrono::nanoseconds spin_;
   std::mutex mutex_;
   std::condition_variable_any ready_;
   std::deque<std::function<void()>> queue_;
+  std::atomic<std::size_t> queued_{0};   // queue_.size(), readable without the mutex
+  std::atomic<std::size_t> polling_{0};  // workers polling `queued_` instead of sleeping
   std::vector<std::jthread> workers_;  // last: joined before the queue is destroyed
 };
 

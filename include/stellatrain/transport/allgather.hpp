@@ -196,8 +196,10 @@ void allgather_direct(Transport& t, std::span<const std::byte> mine, std::span<m
 ///   instead of P-1, best for small messages; but P-1 flows share each access link, which
 ///   some TCP congestion controls handle badly); native — the backend's own (MPI).
 ///   Measured on an emulated 100 Mbit/s, 20 ms RTT WAN with 4 ranks and 800 kB messages
-///   (bench/wan/transport.sh), the ring reached 84-89% of the link rate, direct 44-87%
-///   depending on the congestion control: `automatic` uses direct only for 2 ranks.
+///   (bench/wan/transport.sh), the ring reached 87-92% of the link rate over back-to-back
+///   calls (78-88% for one call started by a barrier: it pays the fill latency alone), direct
+///   53-88% depending on the backend and the congestion control: `automatic` uses direct only
+///   for 2 ranks.
 ///   Each message is preceded by its length (8 bytes), so receivers never need to know
 ///   lengths in advance; lengths above `max_message_bytes` are rejected before anything is
 ///   allocated.
