@@ -62,7 +62,11 @@ TEST_CASE("the controller follows a 100 -> 20 -> 500 Mbit/s schedule on shaped l
   const std::vector<double> schedule{100e6, 20e6, 500e6};
   const int steps_per_phase = 24;
   const auto latency = std::chrono::microseconds(2000);
-  const double max_density = 0.1;  // at 500 Mbit/s the best density lies beyond: the bound holds
+  // At 500 Mbit/s the best density lies beyond this bound, so the controller must settle on it.
+  // (At 10% the 4 ranks' packing and unpacking on 2 cores already cap the exchange near
+  // 200 Mbit/s: the controller then rightly settles just below 10%, where the configured rate
+  // says the link idles.)
+  const double max_density = 0.05;
   std::vector<observation> log;  // rank 0's
   std::vector<double> phase_start_density;
 
@@ -127,6 +131,7 @@ TEST_CASE("the controller follows a 100 -> 20 -> 500 Mbit/s schedule on shaped l
       CHECK(median(ratios) >= 0.8);
       CHECK(median(ratios) <= 1.1);
     }
+    if (schedule[phase] == 500e6) CHECK(settled >= max_density * 0.9999);
     int strays = 0;
     for (double d : densities) strays += std::fabs(d / settled - 1.0) > 0.15 ? 1 : 0;
     CHECK(strays <= 2);
