@@ -107,9 +107,9 @@ struct bulk_state {
 /// the next one for that long before it sleeps, and `bulk` polls as long for its helpers, so
 /// calls that follow each other closely (a kernel's phases, one tensor after another) find the
 /// workers awake; a worker polls only after a task, never while the pool is idle. Use it when
-/// the pool's threads have cores to themselves: on 2 cores, 50 us made 2-thread packing of
-/// 250K pairs 1.85x faster, but with 4 pipelines' pools and their exchange threads sharing
-/// those cores the polling took the time the exchanges needed.
+/// the pool's threads have cores to themselves (on 2 cores, 50 us made 2-thread packing of
+/// 250K pairs 1.85x faster); where more threads than cores have work, a polling thread takes
+/// time from one of them.
 ///
 /// The destructor stops the workers after their current task; tasks still queued are dropped
 /// (their futures report `std::future_errc::broken_promise`). Destroy the pool only when no
