@@ -38,6 +38,20 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+// Polls `ready()` until it holds or `spin` has passed (reading the clock once per 64 polls);
+// returns whether it held.
+template <class Ready>
+bool poll_for(std::chrono::microseconds spin, Ready&& ready) noexcept {
+  const auto until = std::chrono::steady_clock::now() + spin;
+  do {
+    for (int k = 0; k < 64; ++k) {
+      if (ready()) return true;
+      cpu_relax();
+    }
+  } while (std::chrono::steady_clock::now() < until);
+  return false;
+}
+
 // Shared between the caller of bulk() and the helper tasks it posts. Helpers that start after
 // every index was claimed see `next >= count` and return without touching `fn`, so a late
 // helper never calls into the caller's (by then destroyed) callable.
@@ -69,17 +83,9 @@ struct bulk_state {
   }
 
   // Polls for up to `spin`, then sleeps until the last call has returned.
-  void wait(std::chrono::nanoseconds spin) noexcept {
-    if (done.load(std::memory_order_acquire) == count) return;
-    if (spin.count() > 0) {
-      const auto until = std::chrono::steady_clock::now() + spin;
-      do {
-        for (int k = 0; k < 64; ++k) {
-          if (done.load(std::memory_order_acquire) == count) return;
-          cpu_relax();
-        }
-      } while (std::chrono::steady_clock::now() < until);
-    }
+  void wait(std::chrono::microseconds spin) noexcept {
+    auto finished = [this] { return done.load(std::memory_order_acquire) == count; };
+    if (spin.count() > 0 && poll_for(spin, finished)) return;
     for (std::size_t d = done.load(std::memory_order_acquire); d != count;
          d = done.load(std::memory_order_acquire)) {
       done.wait(d, std::memory_order_acquire);
@@ -129,7 +135,8 @@ class thread_pool {
   static constexpr std::chrono::microseconds default_spin{0};
 
   /// Starts `threads` workers (0 is taken as 1) that poll for `spin` after each task.
-  explicit thread_pool(std::size_t threads = hardware_threads(), std::chrono::microseconds spin = default_spin)
+  explicit thread_pool(std::size_t threads = hardware_threads(),
+                       std::chrono::microseconds spin = default_spin)
       : spin_(std::max(spin, std::chrono::microseconds{0})) {
     threads = std::max<std::size_t>(threads, 1);
     workers_.reserve(threads);
@@ -154,9 +161,7 @@ class thread_pool {
   [[nodiscard]] std::size_t concurrency() const noexcept { return workers_.size(); }
 
   /// How long a thread polls for work before it sleeps (see the class comment).
-  [[nodiscard]] std::chrono::microseconds spin() const noexcept {
-    return std::chrono::duration_cast<std::chrono::microseconds>(spin_);
-  }
+  [[nodiscard]] std::chrono::microseconds spin() const noexcept { return spin_; }
 
   /// Calls `f(i)` for every `i` in `[0, n)` and returns when all calls returned; rethrows the
   /// first exception (calls not yet started when it was thrown are skipped).
@@ -206,12 +211,11 @@ class thread_pool {
   // there is one. So each task either wakes a sleeper or has a polling worker on its way to
   // it, and no task waits in the queue for a worker that is busy elsewhere.
   void wake(std::size_t tasks) {
-    std::size_t polling = polling_.load(std::memory_order_seq_cst);
+    std::size_t polling = polling_.load();
     std::size_t claimed = 0;
     do {
       claimed = std::min(polling, tasks);
-    } while (claimed > 0 &&
-             !polling_.compare_exchange_weak(polling, polling - claimed, std::memory_order_seq_cst));
+    } while (claimed > 0 && !polling_.compare_exchange_weak(polling, polling - claimed));
     if (tasks - claimed == 1) {
       ready_.notify_one();
     } else if (tasks - claimed > 1) {
@@ -239,30 +243,21 @@ class thread_pool {
   // Polls `queued_` for up to spin_; returns when a task may be queued or the time is up, after
   // taking itself off `polling_` unless a `wake` has claimed it (then the count is already off).
   void poll(const std::stop_token& stop) {
-    polling_.fetch_add(1, std::memory_order_seq_cst);
-    const auto until = std::chrono::steady_clock::now() + spin_;
-    bool more = true;
-    while (more) {
-      for (int k = 0; k < 64; ++k) {
-        if (queued_.load(std::memory_order_acquire) != 0 || stop.stop_requested()) {
-          more = false;
-          break;
-        }
-        detail::cpu_relax();
-      }
-      if (more && std::chrono::steady_clock::now() >= until) more = false;
-    }
-    std::size_t polling = polling_.load(std::memory_order_seq_cst);
-    while (polling > 0 && !polling_.compare_exchange_weak(polling, polling - 1, std::memory_order_seq_cst)) {
+    polling_.fetch_add(1);
+    detail::poll_for(spin_, [&] {
+      return queued_.load(std::memory_order_acquire) != 0 || stop.stop_requested();
+    });
+    std::size_t polling = polling_.load();
+    while (polling > 0 && !polling_.compare_exchange_weak(polling, polling - 1)) {
     }
   }
 
-  std::chrono::nanoseconds spin_;
+  std::chrono::microseconds spin_;
   std::mutex mutex_;
   std::condition_variable_any ready_;
   std::deque<std::function<void()>> queue_;
   std::atomic<std::size_t> queued_{0};   // queue_.size(), readable without the mutex
-  std::atomic<std::size_t> polling_{0};  // workers polling `queued_` instead of sleeping
+  std::atomic<std::size_t> polling_{0};  // workers polling `queued_`; every access seq_cst
   std::vector<std::jthread> workers_;  // last: joined before the queue is destroyed
 };
 
