@@ -53,17 +53,19 @@ struct settings {
   double bandwidth_mbps = -1;     // per rank link; -1: 100 in-process, unshaped otherwise
   double rtt_ms = -1;             // -1: 20 in-process, 0 otherwise
   double min_density = 1e-4;
-  double max_density = 0.05;
-  double epochs = 0.6;
+  double max_density = 0.01;
+  double epochs = 0.5;
   double target = 0.82;
   std::string transport = "inprocess";
   std::string out = "out/demo";
   std::string mode = "both";
-  int batch = 64;                 // per rank
+  int batch = 32;                 // per rank
   int hidden = 1024;
   float lr = 1e-3f;                // dense mode
   float sparse_lr = 3e-3f;         // stellatrain mode
-  int eval_every = 10;            // steps
+  float lr_end = 1e-3f;            // both modes decay linearly to this rate...
+  int decay_steps = 60;            // ...over these steps (0: constant rates)
+  int eval_every = 5;             // steps
   std::size_t eval_samples = 2000;
   std::uint64_t seed = 1;
   std::string data = fm::default_directory;
@@ -82,20 +84,26 @@ Options (defaults in brackets):
                     [100 for inprocess, 0 otherwise: the network decides]
   --rtt MS          round-trip time added by the shaping, ms              [20 for inprocess, else 0]
   --min-density D   lower bound of the controller's density               [0.0001]
-  --max-density D   upper bound of the controller's density               [0.05]
-  --epochs E        epochs of training of each mode (both the same)       [0.6]
+  --max-density D   upper bound of the controller's density               [0.01]
+  --epochs E        epochs of training of each mode (both the same)       [0.5]
   --target A        test accuracy whose time is measured, 0..1            [0.82]
   --mode M          both | dense | stellatrain                            [both]
-  --batch B         examples per rank and step                            [64]
+  --batch B         examples per rank and step                            [32]
   --hidden H        width of the two hidden layers                        [1024]
   --lr L            Adam learning rate of the dense mode                  [0.001]
   --sparse-lr L     Adam learning rate of the stellatrain mode            [0.003]
-                    Each default is the best of a sweep on the reference machine (dense
-                    0.0005-0.003, stellatrain 0.001-0.008): Adam normalizes each element's
+  --lr-end L        rate both modes reach by a linear decay               [0.001]
+  --decay-steps N   steps of that decay (0: each mode keeps its rate)     [60]
+                    The defaults are the best of sweeps on the reference machine (dense
+                    0.0005-0.003, stellatrain 0.001-0.008; with the decay, starts of dense
+                    0.001-0.003 and stellatrain 0.003-0.005): Adam normalizes each element's
                     step, so an element that error feedback holds back for many steps moves
-                    about lr when it is sent at last; sparse training wants larger steps.
+                    about lr when it is sent at last; sparse training wants larger steps
+                    early, and the decay to a common rate keeps its later steps as calm as
+                    dense training's.
   --staleness S     0 or 1, the pipeline's staleness                      [0]
-  --eval-every K    steps between evaluations                             [10]
+                    (with 1, each change of the rate waits for the pipeline to drain)
+  --eval-every K    steps between evaluations                             [5]
   --eval-samples N  test examples per evaluation during training          [2000]
   --seed S          seed of the initial parameters and data order         [1]
   --data DIR        folder of the IDX files     [/usr/share/datasets/fashion-mnist]
@@ -144,6 +152,10 @@ settings parse(int argc, char** argv) {
         s.lr = std::stof(value(i));
       } else if (a == "--sparse-lr") {
         s.sparse_lr = std::stof(value(i));
+      } else if (a == "--lr-end") {
+        s.lr_end = std::stof(value(i));
+      } else if (a == "--decay-steps") {
+        s.decay_steps = std::stoi(value(i));
       } else if (a == "--staleness") {
         s.staleness = std::stoi(value(i));
       } else if (a == "--eval-every") {
@@ -173,7 +185,8 @@ settings parse(int argc, char** argv) {
   if (s.bandwidth_mbps < 0) s.bandwidth_mbps = inproc ? 100 : 0;
   if (s.rtt_ms < 0) s.rtt_ms = inproc ? 20 : 0;
   if (s.ranks < 1 || s.batch < 1 || s.hidden < 1 || s.eval_every < 1 || !(s.epochs > 0) || s.staleness < 0 ||
-      s.staleness > 1 || !(s.min_density > 0) || s.min_density > s.max_density || s.max_density > 1) {
+      s.staleness > 1 || s.decay_steps < 0 || !(s.lr > 0) || !(s.sparse_lr > 0) || !(s.lr_end > 0) ||
+      !(s.min_density > 0) || s.min_density > s.max_density || s.max_density > 1) {
     throw st::error(st::errc::invalid_argument, "an option is out of range (see --help)");
   }
   return s;
@@ -229,6 +242,14 @@ class shard {
  private:
   std::vector<std::size_t> order_;
 };
+
+// The learning rate of step `step` for a mode that starts at `start`: linear to s.lr_end over
+// s.decay_steps steps, then constant.
+float learning_rate(const settings& s, float start, std::uint64_t step) {
+  if (s.decay_steps == 0) return start;
+  const double f = std::min(1.0, static_cast<double>(step) / static_cast<double>(s.decay_steps));
+  return static_cast<float>(start + (static_cast<double>(s.lr_end) - start) * f);
+}
 
 std::uint64_t steps_of(const settings& s, int ranks, const data& d) {
   const double per_step = static_cast<double>(ranks) * static_cast<double>(s.batch);
@@ -302,6 +323,7 @@ void run_dense(Transport& t, const settings& s, const data& d, fm::mode_result* 
     my_shard.batch(d.train, step, s.batch, x, y);
     const float loss = net.forward_backward(adam.params(0), x.data(), y.data(), s.batch, grad);
     st::dense_allreduce(t, std::span<float>(grad), {.tag = 1, .timeout = std::chrono::minutes(10), .average = true}, ws);
+    adam.set_learning_rate(learning_rate(s, s.lr, step));
     adam.step(0, std::span<const float>(grad));
     if (prog) {
       prog->loss_sum += loss;
@@ -373,6 +395,12 @@ void run_stellatrain(Transport& t, const settings& s, const data& d, fm::mode_re
   training_clock clock;
   for (std::uint64_t step = 0; step < steps; ++step) {
     fetch();
+    if (const float lr = learning_rate(s, s.sparse_lr, step); lr != p.optimizer().options().lr) {
+      // The optimizer's rate may change only while it is idle: with staleness 0 the gates of
+      // fetch() have seen every handed-over step applied; with 1, wait for it.
+      if (s.staleness > 0) p.flush();
+      p.optimizer().set_learning_rate(lr);
+    }
     my_shard.batch(d.train, step, s.batch, x, y);
     const float loss = net.forward_backward(params, x.data(), y.data(), s.batch, grad);
     for (std::size_t i = tensors.size(); i-- > 0;) {  // backward order: last layer first
@@ -473,7 +501,8 @@ void report(const settings& s, std::vector<fm::mode_result>& results, int ranks)
   std::ostringstream settings_json;
   settings_json << "{\"transport\": \"" << s.transport << "\", \"ranks\": " << ranks << ", \"bandwidth_mbps\": "
                 << s.bandwidth_mbps << ", \"rtt_ms\": " << s.rtt_ms << ", \"epochs\": " << s.epochs << ", \"batch\": "
-                << s.batch << ", \"hidden\": " << s.hidden << ", \"lr\": " << s.lr << ", \"sparse_lr\": " << s.sparse_lr << ", \"min_density\": " << s.min_density
+                << s.batch << ", \"hidden\": " << s.hidden << ", \"lr\": " << s.lr << ", \"sparse_lr\": " << s.sparse_lr
+                << ", \"lr_end\": " << s.lr_end << ", \"decay_steps\": " << s.decay_steps << ", \"min_density\": " << s.min_density
                 << ", \"max_density\": " << s.max_density << ", \"staleness\": " << s.staleness << "}";
   fm::write_summary_json(dir / "summary.json", results, s.target, speedup, settings_json.str());
   fm::write_curve_csv(dir / "curve.csv", results);
