@@ -11,8 +11,7 @@
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/optim/detail/bias_correction.hpp>
 #include <stellatrain/optim/detail/optim_math.hpp>
-#include <stellatrain/optim/detail/step_driver.hpp>
-#include <stellatrain/optim/detail/tensor_state.hpp>
+#include <stellatrain/optim/detail/optimizer_base.hpp>
 #include <stellatrain/optim/optimizer_concepts.hpp>
 #include <stellatrain/optim/optimizer_types.hpp>
 #include <stellatrain/optim/state_format.hpp>
@@ -23,8 +22,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <istream>
-#include <ostream>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -109,6 +106,11 @@ inline constexpr adam_options adamw_defaults{.weight_decay = 1e-2f, .decay = wei
 /// Indices must be sorted non-decreasing; equal indices are summed into one update; an index
 /// out of range or out of order is an error and nothing is written.
 ///
+/// Registration (`add_tensor`), the dense and sparse `step`, `params`, step counts and
+/// checkpoints (`save_state`, `load_state`) are common to the optimizers and documented in
+/// optim/detail/optimizer_base.hpp. `load_state` requires the saved state's l2 / decoupled,
+/// amsgrad, maximize and step mode to match, and takes over its lr, betas, eps and weight decay.
+///
 /// Thread safety: steps on different tensors may run concurrently; `add_tensor`,
 /// `set_learning_rate` and `load_state` must not overlap any other call. Steps never allocate.
 ///
@@ -121,7 +123,7 @@ inline constexpr adam_options adamw_defaults{.weight_decay = 1e-2f, .decay = wei
 ///   std::vector<stellatrain::bf16> upload(w.size());
 ///   opt.step(t, std::span<const float>(g), pool, stellatrain::param_copy<stellatrain::bf16>{upload});
 /// \endcode
-class adam_optimizer {
+class adam_optimizer : public detail::optimizer_base<adam_optimizer> {
  public:
   static constexpr const char* name = "adam";
 
@@ -139,116 +141,14 @@ class adam_optimizer {
     options_ = validated(o);
   }
 
-  /// Registers a tensor: copies its initial parameters and allocates (and pre-faults) its
-  /// state. Returns its index (0, 1, ...). Linear time; not concurrent with other calls.
-  std::size_t add_tensor(std::span<const float> initial_params) {
-    inline_executor ex;
-    return add_tensor(initial_params, ex);
-  }
-  template <executor Executor>
-  std::size_t add_tensor(std::span<const float> initial_params, Executor& ex) {
-    return registry_.add(initial_params, options_.amsgrad ? 3 : 2,
-                         options_.step_mode == step_count::per_element, ex);
-  }
-
-  [[nodiscard]] std::size_t tensor_count() const noexcept { return registry_.tensor_count(); }
-  [[nodiscard]] std::uint64_t tensor_size(std::size_t t) const { return registry_.at(t, name).size; }
-
-  /// The fp32 master parameters of tensor `t` (writable, e.g. to load weights).
-  [[nodiscard]] std::span<float> params(std::size_t t) { return registry_.at(t, name).params.span(); }
-  [[nodiscard]] std::span<const float> params(std::size_t t) const {
-    return registry_.at(t, name).params.span();
-  }
   /// First moment m of tensor `t`.
-  [[nodiscard]] std::span<const float> exp_avg(std::size_t t) const {
-    return registry_.at(t, name).state[0].span();
-  }
+  [[nodiscard]] std::span<const float> exp_avg(std::size_t t) const { return state_array(t, 0); }
   /// Second moment v of tensor `t`.
-  [[nodiscard]] std::span<const float> exp_avg_sq(std::size_t t) const {
-    return registry_.at(t, name).state[1].span();
-  }
+  [[nodiscard]] std::span<const float> exp_avg_sq(std::size_t t) const { return state_array(t, 1); }
   /// Per-element maximum of v (empty unless amsgrad).
-  [[nodiscard]] std::span<const float> max_exp_avg_sq(std::size_t t) const {
-    return registry_.at(t, name).state[2].span();
-  }
-  /// Steps applied to tensor `t` (skipped steps do not count).
-  [[nodiscard]] std::uint64_t step_count_of(std::size_t t) const { return registry_.at(t, name).step; }
-  /// Per-element step counts of tensor `t` (empty unless `step_count::per_element`).
-  [[nodiscard]] std::span<const std::uint32_t> element_steps(std::size_t t) const {
-    return registry_.at(t, name).element_steps.span();
-  }
-
-  /// Dense step: `grad` (float, fp16 or bf16) has one value per element of tensor `t`.
-  /// Optionally writes the new parameters to `copy` (fp16 / bf16 / float) in the same pass.
-  /// Errors (nothing changes): unknown tensor (`out_of_range`), sizes (`size_mismatch`), a
-  /// non-finite gradient under `nonfinite_policy::raise` (`not_finite`).
-  template <class Arch = xsimd::default_arch, class Grad, executor Executor, class Out = bf16>
-  step_report step(std::size_t t, std::span<const Grad> grad, Executor& ex, param_copy<Out> copy = {}) {
-    return detail::dense_step<Arch>(*this, registry_, t, grad, ex, copy);
-  }
-  template <class Arch = xsimd::default_arch, class Grad>
-  step_report step(std::size_t t, std::span<const Grad> grad) {
-    inline_executor ex;
-    return step<Arch>(t, grad, ex);
-  }
-
-  /// Sparse step: updates only the elements at `grad`'s indices (sorted non-decreasing; equal
-  /// indices summed). `grad.dense_size()` must be the tensor's size. Optionally writes the new
-  /// values of the touched parameters to `copy` (compact or dense mirror). Errors (nothing
-  /// changes): those of the dense step, an index out of range (`out_of_range`) or out of order
-  /// (`invalid_argument`). Time: O(nnz), latency-bound (2-4 cache lines per update, prefetched
-  /// ahead), split across the executor.
-  template <class Arch = xsimd::default_arch, class Value, class Index, executor Executor, class Out = bf16>
-  step_report step(std::size_t t, const sparse_view<Value, Index>& grad, Executor& ex,
-                   param_copy<Out> copy = {}) {
-    const sparse_view<const std::remove_const_t<Value>, const std::remove_const_t<Index>> g = grad;
-    return detail::sparse_step<Arch>(*this, registry_, t, g, ex, copy);
-  }
-  template <class Arch = xsimd::default_arch, class Value, class Index>
-  step_report step(std::size_t t, const sparse_view<Value, Index>& grad) {
-    inline_executor ex;
-    return step<Arch>(t, grad, ex);
-  }
-
-  /// Bytes that `save_state` writes (format: optim/state_format.hpp).
-  [[nodiscard]] std::uint64_t state_size_bytes() const {
-    return detail::state_size_bytes(registry_, arrays_mask());
-  }
-  /// Saves parameters, moments, step counts and hyper-parameters; returns the bytes written to
-  /// `out` (which must hold `state_size_bytes()`). Not concurrent with steps.
-  std::size_t save_state(std::span<std::byte> out) const {
-    return detail::write_state_to(out, identity(), registry_, arrays_mask());
-  }
-  void save_state(std::ostream& os) const { detail::write_state_to(os, identity(), registry_, arrays_mask()); }
-
-  /// Restores a saved state into this optimizer, whose registered tensors (count and sizes)
-  /// and algorithm options (l2 / decoupled, amsgrad, maximize, step mode) must match the saved
-  /// ones; the saved hyper-parameters (lr, betas, eps, weight decay) replace the current ones.
-  /// Verifies every checksum first: a corrupted or mismatched state throws and changes
-  /// nothing. Continuing from a restored state is bit-identical to not stopping.
-  void load_state(std::span<const std::byte> bytes) {
-    adam_options restored = options_;
-    detail::adam_bias_table table;
-    detail::load_state(bytes, identity(), registry_, arrays_mask(), [&](const std::array<float, 8>& h) {
-      restored.lr = h[0];
-      restored.beta1 = h[1];
-      restored.beta2 = h[2];
-      restored.eps = h[3];
-      restored.weight_decay = h[4];
-      restored = validated(restored);
-      if (restored.step_mode == step_count::per_element) table = detail::adam_bias_table(restored.beta1, restored.beta2);
-    });
-    options_ = restored;
-    table_ = std::move(table);
-  }
-  void load_state(std::istream& is) {
-    const auto bytes = detail::read_all(is);
-    load_state(std::span<const std::byte>(bytes));
-  }
+  [[nodiscard]] std::span<const float> max_exp_avg_sq(std::size_t t) const { return state_array(t, 2); }
 
   // Used by the step driver.
-  [[nodiscard]] nonfinite_policy nonfinite() const noexcept { return options_.nonfinite; }
-  [[nodiscard]] step_count step_mode() const noexcept { return options_.step_mode; }
   template <class F>
   void with_rule(std::uint64_t step, F&& f) const {
     const auto& o = options_;
@@ -280,6 +180,26 @@ class adam_optimizer {
   }
 
  private:
+  friend class detail::optimizer_base<adam_optimizer>;
+
+  [[nodiscard]] std::size_t state_arrays() const noexcept { return options_.amsgrad ? 3 : 2; }
+
+  void restore(std::span<const std::byte> bytes) {
+    adam_options restored = options_;
+    detail::adam_bias_table table;
+    detail::load_state(bytes, identity(), registry_, arrays_mask(), [&](const std::array<float, 8>& h) {
+      restored.lr = h[0];
+      restored.beta1 = h[1];
+      restored.beta2 = h[2];
+      restored.eps = h[3];
+      restored.weight_decay = h[4];
+      restored = validated(restored);
+      if (restored.step_mode == step_count::per_element) table = detail::adam_bias_table(restored.beta1, restored.beta2);
+    });
+    options_ = restored;
+    table_ = std::move(table);
+  }
+
   void set_options(const adam_options& options) {
     options_ = validated(options);
     if (options_.step_mode == step_count::per_element) {
@@ -321,7 +241,6 @@ class adam_optimizer {
 
   adam_options options_;
   detail::adam_bias_table table_;
-  detail::tensor_registry registry_;
 };
 
 static_assert(dense_optimizer<adam_optimizer>);

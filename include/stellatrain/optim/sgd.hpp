@@ -9,19 +9,17 @@
 #include <stellatrain/core/float16.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/optim/detail/optim_math.hpp>
-#include <stellatrain/optim/detail/step_driver.hpp>
-#include <stellatrain/optim/detail/tensor_state.hpp>
+#include <stellatrain/optim/detail/optimizer_base.hpp>
 #include <stellatrain/optim/optimizer_concepts.hpp>
 #include <stellatrain/optim/optimizer_types.hpp>
 #include <stellatrain/optim/state_format.hpp>
 
 #include <xsimd/xsimd.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <istream>
-#include <ostream>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -85,6 +83,12 @@ struct sgd_options {
 /// equal indices are summed into one update, an index out of range or out of order is an
 /// error and nothing is written. Every step is all-or-nothing with respect to errors.
 ///
+/// Registration (`add_tensor`), the dense and sparse `step`, `params`, step counts and
+/// checkpoints (`save_state`, `load_state`) are common to the optimizers and documented in
+/// optim/detail/optimizer_base.hpp. `load_state` requires the saved state's momentum on/off,
+/// nesterov, maximize and step mode to match, and takes over its lr, momentum, dampening and
+/// weight decay.
+///
 /// Thread safety: steps on different tensors may run concurrently (each tensor has its own
 /// arrays); `add_tensor`, `set_learning_rate`, `load_state` must not overlap any other call.
 /// Steps never allocate.
@@ -99,7 +103,7 @@ struct sgd_options {
 ///   opt.step(t, stellatrain::sparse_view<const float, const std::uint32_t>{idx, val, 1000}, pool);
 ///   float w3 = opt.params(t)[3];
 /// \endcode
-class sgd_optimizer {
+class sgd_optimizer : public detail::optimizer_base<sgd_optimizer> {
  public:
   static constexpr const char* name = "sgd";
 
@@ -116,104 +120,10 @@ class sgd_optimizer {
     options_ = validated(o);
   }
 
-  /// Registers a tensor: copies its initial parameters and allocates (and pre-faults) its
-  /// state. Returns its index (0, 1, ...). Linear time; not concurrent with other calls.
-  std::size_t add_tensor(std::span<const float> initial_params) {
-    inline_executor ex;
-    return add_tensor(initial_params, ex);
-  }
-  template <executor Executor>
-  std::size_t add_tensor(std::span<const float> initial_params, Executor& ex) {
-    return registry_.add(initial_params, options_.momentum != 0.0f ? 1 : 0,
-                         options_.step_mode == step_count::per_element, ex);
-  }
-
-  [[nodiscard]] std::size_t tensor_count() const noexcept { return registry_.tensor_count(); }
-  [[nodiscard]] std::uint64_t tensor_size(std::size_t t) const { return registry_.at(t, name).size; }
-
-  /// The fp32 master parameters of tensor `t` (writable, e.g. to load weights).
-  [[nodiscard]] std::span<float> params(std::size_t t) { return registry_.at(t, name).params.span(); }
-  [[nodiscard]] std::span<const float> params(std::size_t t) const {
-    return registry_.at(t, name).params.span();
-  }
   /// The momentum buffer of tensor `t` (empty when momentum is 0).
-  [[nodiscard]] std::span<const float> momentum_buffer(std::size_t t) const {
-    return registry_.at(t, name).state[0].span();
-  }
-  /// Steps applied to tensor `t` (skipped steps do not count).
-  [[nodiscard]] std::uint64_t step_count_of(std::size_t t) const { return registry_.at(t, name).step; }
-  /// Per-element step counts of tensor `t` (empty unless `step_count::per_element`).
-  [[nodiscard]] std::span<const std::uint32_t> element_steps(std::size_t t) const {
-    return registry_.at(t, name).element_steps.span();
-  }
-
-  /// Dense step: `grad` has one value per element of tensor `t`. Optionally writes the new
-  /// parameters to `copy` (fp16 / bf16 / float, one per element) in the same pass.
-  /// Errors (nothing changes): unknown tensor (`out_of_range`), sizes (`size_mismatch`),
-  /// a non-finite gradient under `nonfinite_policy::raise` (`not_finite`).
-  template <class Arch = xsimd::default_arch, class Grad, executor Executor, class Out = bf16>
-  step_report step(std::size_t t, std::span<const Grad> grad, Executor& ex, param_copy<Out> copy = {}) {
-    return detail::dense_step<Arch>(*this, registry_, t, grad, ex, copy);
-  }
-  template <class Arch = xsimd::default_arch, class Grad>
-  step_report step(std::size_t t, std::span<const Grad> grad) {
-    inline_executor ex;
-    return step<Arch>(t, grad, ex);
-  }
-
-  /// Sparse step: updates only the elements at `grad`'s indices (sorted non-decreasing; equal
-  /// indices summed). `grad.dense_size()` must be the tensor's size. Optionally writes the new
-  /// values of the touched parameters to `copy` (compact: position j for `indices[j]`; or a
-  /// dense mirror). Errors (nothing changes): those of the dense step, an index out of range
-  /// (`out_of_range`) or out of order (`invalid_argument`). Time: O(nnz) plus one random
-  /// access per touched element and array.
-  template <class Arch = xsimd::default_arch, class Value, class Index, executor Executor, class Out = bf16>
-  step_report step(std::size_t t, const sparse_view<Value, Index>& grad, Executor& ex,
-                   param_copy<Out> copy = {}) {
-    const sparse_view<const std::remove_const_t<Value>, const std::remove_const_t<Index>> g = grad;
-    return detail::sparse_step<Arch>(*this, registry_, t, g, ex, copy);
-  }
-  template <class Arch = xsimd::default_arch, class Value, class Index>
-  step_report step(std::size_t t, const sparse_view<Value, Index>& grad) {
-    inline_executor ex;
-    return step<Arch>(t, grad, ex);
-  }
-
-  /// Bytes that `save_state` writes (format: optim/state_format.hpp).
-  [[nodiscard]] std::uint64_t state_size_bytes() const {
-    return detail::state_size_bytes(registry_, arrays_mask());
-  }
-  /// Saves parameters, momentum buffers, step counts and hyper-parameters; returns the bytes
-  /// written to `out` (which must hold `state_size_bytes()`). Not concurrent with steps.
-  std::size_t save_state(std::span<std::byte> out) const {
-    return detail::write_state_to(out, identity(), registry_, arrays_mask());
-  }
-  void save_state(std::ostream& os) const { detail::write_state_to(os, identity(), registry_, arrays_mask()); }
-
-  /// Restores a saved state into this optimizer, whose registered tensors (count and sizes)
-  /// and algorithm options (momentum on/off, nesterov, maximize, step mode) must match the
-  /// saved ones; the saved hyper-parameters (lr, momentum, dampening, weight decay) replace the
-  /// current ones. Verifies every checksum first: a corrupted or mismatched state throws and
-  /// changes nothing. Continuing from a restored state is bit-identical to not stopping.
-  void load_state(std::span<const std::byte> bytes) {
-    sgd_options restored = options_;
-    detail::load_state(bytes, identity(), registry_, arrays_mask(), [&](const std::array<float, 8>& h) {
-      restored.lr = h[0];
-      restored.momentum = h[1];
-      restored.dampening = h[2];
-      restored.weight_decay = h[3];
-      restored = validated(restored);
-    });
-    options_ = restored;
-  }
-  void load_state(std::istream& is) {
-    const auto bytes = detail::read_all(is);
-    load_state(std::span<const std::byte>(bytes));
-  }
+  [[nodiscard]] std::span<const float> momentum_buffer(std::size_t t) const { return state_array(t, 0); }
 
   // Used by the step driver.
-  [[nodiscard]] nonfinite_policy nonfinite() const noexcept { return options_.nonfinite; }
-  [[nodiscard]] step_count step_mode() const noexcept { return options_.step_mode; }
   template <class F>
   void with_rule(std::uint64_t step, F&& f) const {
     detail::sgd_scalars s;
@@ -235,6 +145,22 @@ class sgd_optimizer {
   }
 
  private:
+  friend class detail::optimizer_base<sgd_optimizer>;
+
+  [[nodiscard]] std::size_t state_arrays() const noexcept { return options_.momentum != 0.0f ? 1 : 0; }
+
+  void restore(std::span<const std::byte> bytes) {
+    sgd_options restored = options_;
+    detail::load_state(bytes, identity(), registry_, arrays_mask(), [&](const std::array<float, 8>& h) {
+      restored.lr = h[0];
+      restored.momentum = h[1];
+      restored.dampening = h[2];
+      restored.weight_decay = h[3];
+      restored = validated(restored);
+    });
+    options_ = restored;
+  }
+
   static sgd_options validated(const sgd_options& o) {
     auto bad = [](const std::string& what) { throw_error(errc::invalid_argument, "sgd: " + what); };
     if (!(std::isfinite(o.lr) && o.lr >= 0.0f)) bad("lr must be finite and >= 0, got " + std::to_string(o.lr));
@@ -274,7 +200,6 @@ class sgd_optimizer {
   }
 
   sgd_options options_;
-  detail::tensor_registry registry_;
 };
 
 static_assert(dense_optimizer<sgd_optimizer>);

@@ -16,10 +16,12 @@
 
 namespace stellatrain::detail {
 
-// How far ahead the sparse kernels prefetch. Each update touches 2-5 cache lines at random
-// addresses (~300 ns from DRAM) and costs a few ns of arithmetic, so some tens of updates must
-// be in flight; measured on the tuning machine, 16-32 ahead beats both nearer prefetch and
-// AVX-512 gather/scatter (see bench/bench_optim.cpp, BM_optim_sparse_*_prefetch).
+// How far ahead the sparse kernels prefetch, in updates. Each update touches 2-5 cache lines
+// at random addresses (hundreds of ns from DRAM) and costs a few ns of arithmetic, so some
+// tens of updates must be in flight. Measured on a 2-core AVX2 machine with bench_optim built
+// with this macro at 12, 24, 32 and 48 (BM_optim_sparse_adam and _sgd, 250K updates into 25M,
+// medians of 3): 24 was as fast as any other within run-to-run noise (about 20%), and 12 and
+// 48 slower for Adam. Set the macro to tune it for another machine.
 #ifndef STELLATRAIN_OPTIM_PREFETCH_DISTANCE
 #define STELLATRAIN_OPTIM_PREFETCH_DISTANCE 24
 #endif
