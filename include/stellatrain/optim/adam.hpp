@@ -182,8 +182,6 @@ class adam_optimizer : public detail::optimizer_base<adam_optimizer> {
  private:
   friend class detail::optimizer_base<adam_optimizer>;
 
-  [[nodiscard]] std::size_t state_arrays() const noexcept { return options_.amsgrad ? 3 : 2; }
-
   void restore(std::span<const std::byte> bytes) {
     adam_options restored = options_;
     detail::adam_bias_table table;

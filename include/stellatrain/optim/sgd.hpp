@@ -147,8 +147,6 @@ class sgd_optimizer : public detail::optimizer_base<sgd_optimizer> {
  private:
   friend class detail::optimizer_base<sgd_optimizer>;
 
-  [[nodiscard]] std::size_t state_arrays() const noexcept { return options_.momentum != 0.0f ? 1 : 0; }
-
   void restore(std::span<const std::byte> bytes) {
     sgd_options restored = options_;
     detail::load_state(bytes, identity(), registry_, arrays_mask(), [&](const std::array<float, 8>& h) {

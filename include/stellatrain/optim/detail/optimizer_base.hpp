@@ -13,6 +13,7 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <istream>
@@ -24,9 +25,10 @@ namespace stellatrain::detail {
 
 // Base of the optimizers (CRTP). `Derived` provides the static `name`, `options()` (with
 // `step_mode` and `nonfinite`) and `with_rule(step, f)` for the step driver, and, privately
-// (this base is its friend): `state_arrays()`, the number of state arrays per tensor;
-// `arrays_mask()` and `identity()` for the state format; and `restore(bytes)`, which loads a
-// saved state through `detail::load_state` and takes over its hyper-parameters.
+// (this base is its friend): `arrays_mask()`, the arrays each tensor keeps as the state
+// format records them (registration allocates from it too), and `identity()`; and
+// `restore(bytes)`, which loads a saved state through `detail::load_state` and takes over its
+// hyper-parameters.
 template <class Derived>
 class optimizer_base {
  public:
@@ -38,8 +40,11 @@ class optimizer_base {
   }
   template <executor Executor>
   std::size_t add_tensor(std::span<const float> initial_params, Executor& ex) {
-    return registry_.add(initial_params, self().state_arrays(),
-                         self().options().step_mode == step_count::per_element, ex);
+    // A tensor keeps the arrays its checkpoint records (state_format.hpp: bit 0 params,
+    // bits 1-3 state arrays, bit 4 per-element steps).
+    const std::uint32_t mask = self().arrays_mask();
+    return registry_.add(initial_params, static_cast<std::size_t>(std::popcount(mask & 0xEu)),
+                         (mask & (1u << 4)) != 0, ex);
   }
 
   [[nodiscard]] std::size_t tensor_count() const noexcept { return registry_.tensor_count(); }
