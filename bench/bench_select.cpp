@@ -11,8 +11,10 @@
 //   BM_select_random_k/threads:T        random_k_selector
 //   BM_select_partitioned/threads:T     rank 0 of 4 (exact top k/4 of a quarter)
 //   BM_select_threshold_ef/threads:T    error_feedback_compressor<float>, threshold, fused pass,
-//                                       a new (correlated) gradient every step
+//                                       a new (AR(1), correlation 0.76) gradient every step
 //   BM_select_threshold_ef_bf16/threads:T  the same sending bf16
+//   BM_select_threshold_ef_rotating/threads:T  the same as _ef on a gradient that repeats
+//                                       every 9 steps (stress case of the persistent bound)
 //   BM_select_threshold_drift           100 steps of a slowly drifting gradient, 1 thread;
 //                                       counters: slowest / median call (thread CPU time,
 //                                       least of 3 runs of each call from the same state)
@@ -254,11 +256,38 @@ void rotate_gradient(aligned_buffer<float>& x, float angle, float scale) {
   });
 }
 
+// The next gradient of an AR(1) sequence: x = rho x + sqrt(1 - rho^2) z, with z a fresh
+// N(0, 1) vector (G2 read from a pseudo-random offset that changes every step, so that z is
+// independent of earlier steps'), x staying N(0, 1) with correlation rho to the step before.
+void ar1_gradient(aligned_buffer<float>& x, int step, float rho) {
+  const auto& g1 = gradient();
+  const auto& g2 = second_gradient();
+  if (step == 0) {
+    std::copy(g1.begin(), g1.end(), x.begin());
+    return;
+  }
+  const std::uint64_t offset = (static_cast<std::uint64_t>(step) * 0x9E3779B97F4A7C15ull >> 11) % n;
+  const float c = std::sqrt(1.0f - rho * rho);
+  sb::split_per_thread(2, n, 64, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) {
+      const std::size_t j = i + offset < n ? i + offset : i + offset - n;
+      x[i] = rho * x[i] + c * g2[j];
+    }
+  });
+}
+
+enum class gradient_model { ar1, rotating };
+
 // Error feedback on a new gradient every step (correlation 0.76 with the step before), after
 // 30 steps of warm-up so that the residual has reached its usual size. Only compress() is
 // timed: the new gradient is written with the timer paused, so it arrives from DRAM as it
-// would from the device.
-template <class Value>
+// would from the device. Two gradient sequences:
+// - ar1: fresh noise every step (the target's case): the accumulated residual's magnitudes
+//   drift slowly, as in training, and every timed call is a normal one-pass call;
+// - rotating: x_t = cos(0.7 t) G1 + sin(0.7 t) G2, which repeats every 9 steps, so that the
+//   residual's magnitudes swing by a large factor from one step to the next: a stress case
+//   for the persistent bound (see the deficits and fallbacks counters).
+template <class Value, gradient_model Model>
 void threshold_ef(benchmark::State& state) {
   const auto threads = static_cast<std::size_t>(state.range(0));
   static auto g = sb::prefaulted<float>(n);
@@ -266,25 +295,41 @@ void threshold_ef(benchmark::State& state) {
   ef.add_tensor(sb::pool(2), 0, n, k);
   sparse_buffer<Value> sel(n, k, {.prefault = true});
   int step = 0;
-  on_threads(threads, [&](auto& ex) {
-    for (; step < 30; ++step) {
+  auto next_gradient = [&] {
+    if constexpr (Model == gradient_model::ar1) {
+      ar1_gradient(g, step, 0.76f);
+    } else {
       rotate_gradient(g, 0.7f * static_cast<float>(step), 1.0f);
+    }
+    ++step;
+  };
+  std::uint64_t warm_deficits = 0;
+  std::uint64_t warm_fallbacks = 0;
+  on_threads(threads, [&](auto& ex) {
+    while (step < 30) {
+      next_gradient();
       ef.compress(ex, 0, g.span(), k, sel);
     }
+    warm_deficits = ef.thresholds(0)[0].deficits;
+    warm_fallbacks = ef.thresholds(0)[0].fallbacks;
     for (auto _ : state) {
       state.PauseTiming();
-      rotate_gradient(g, 0.7f * static_cast<float>(step++), 1.0f);
+      next_gradient();
       state.ResumeTiming();
       ef.compress(ex, 0, g.span(), k, sel);
     }
   });
-  state.counters["deficits"] = static_cast<double>(ef.thresholds(0)[0].deficits);
-  state.counters["fallbacks"] = static_cast<double>(ef.thresholds(0)[0].fallbacks);
+  // Of the timed calls only.
+  state.counters["deficits"] = static_cast<double>(ef.thresholds(0)[0].deficits - warm_deficits);
+  state.counters["fallbacks"] = static_cast<double>(ef.thresholds(0)[0].fallbacks - warm_fallbacks);
   set_bytes(state, 3 * n * sizeof(float));
 }
 
-void BM_select_threshold_ef(benchmark::State& state) { threshold_ef<float>(state); }
-void BM_select_threshold_ef_bf16(benchmark::State& state) { threshold_ef<bf16>(state); }
+void BM_select_threshold_ef(benchmark::State& state) { threshold_ef<float, gradient_model::ar1>(state); }
+void BM_select_threshold_ef_bf16(benchmark::State& state) { threshold_ef<bf16, gradient_model::ar1>(state); }
+void BM_select_threshold_ef_rotating(benchmark::State& state) {
+  threshold_ef<float, gradient_model::rotating>(state);
+}
 
 double thread_cpu_ms() {
   timespec t{};
@@ -409,5 +454,6 @@ BENCHMARK(BM_select_random_k)->Apply(threads_arg);
 BENCHMARK(BM_select_partitioned)->Apply(threads_arg);
 BENCHMARK(BM_select_threshold_ef)->Apply(threads_arg);
 BENCHMARK(BM_select_threshold_ef_bf16)->Apply(threads_arg);
+BENCHMARK(BM_select_threshold_ef_rotating)->Apply(threads_arg);
 BENCHMARK(BM_select_threshold_drift)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_select_energy)->Iterations(1)->Unit(benchmark::kMillisecond);

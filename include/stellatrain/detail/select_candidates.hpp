@@ -21,6 +21,7 @@
 #include <cstring>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 namespace stellatrain::detail {
 
@@ -199,6 +200,10 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
       constexpr std::uint64_t w = ops::width;
       constexpr std::uint64_t line = cache_line_bytes / sizeof(typename Source::value_type);
       constexpr std::uint64_t ahead = prefetch_bytes / sizeof(typename Source::value_type);
+      constexpr std::uint64_t vectors_per_line = line >= w ? line / w : 1;
+      constexpr std::uint64_t group_vectors = 128 / w;   // vectors per 128 elements
+      constexpr std::uint64_t counted_vectors = 32 / w;  // of which the counters see the first
+      static_assert(128 % w == 0 && 32 % w == 0 && pass_block_vectors % group_vectors == 0);
       const ibatch kmask(static_cast<std::int32_t>(key_mask));
       // key >= low_key  <=>  key > low_key - 1 (low_key <= 2^31 - 1, so this is -1 for 0).
       const ibatch low(static_cast<std::int32_t>(low_key) - 1);
@@ -208,19 +213,38 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
       ibatch acc1(0);
       ibatch top(0);
       alignas(64) mask_type masks[pass_block_vectors];
+      // Phase 1 for vector j of the block: its comparison mask, a prefetch once per line, and
+      // the counters on the first 32 of every 128 elements. With `Known`, `Q` is the vector's
+      // place in its 128 elements at compile time (full blocks, unrolled: no branch left);
+      // otherwise both checks run per vector (the last, partial block of a chunk).
+      auto scan = [&]<bool Known, std::uint64_t Q>(std::uint64_t j) __attribute__((always_inline)) {
+        const std::uint64_t p = i + j * w;
+        if constexpr (Known) {
+          if constexpr (Q % vectors_per_line == 0) src.prefetch(p + ahead);
+        } else if (p % line == 0) {
+          src.prefetch(p + ahead);
+        }
+        const ibatch key = src.template load<Arch>(p) & kmask;
+        masks[j] = static_cast<mask_type>(ops::mask_bits(key > low));
+        if constexpr (Counters > 0) {
+          if (Known ? Q < counted_vectors : (p - b) % 128 < 32) {
+            ops::count_into(acc0, key > edge0);
+            if constexpr (Counters > 1) ops::count_into(acc1, key > edge1);
+          }
+        }
+      };
       while (i + w <= e) {
         const std::uint64_t nv = std::min(pass_block_vectors, (e - i) / w);
-        for (std::uint64_t j = 0; j < nv; ++j) {
-          const std::uint64_t p = i + j * w;
-          if (p % line == 0) src.prefetch(p + ahead);
-          const ibatch key = src.template load<Arch>(p) & kmask;
-          masks[j] = static_cast<mask_type>(ops::mask_bits(key > low));
-          if constexpr (Counters > 0) {
-            if ((p - b) % 128 < 32) {
-              ops::count_into(acc0, key > edge0);
-              if constexpr (Counters > 1) ops::count_into(acc1, key > edge1);
-            }
+        if (nv == pass_block_vectors && (i - b) % 128 == 0 && i % line == 0) {
+          // A full block, unrolled 128 elements at a time: no per-vector branch (prefetch
+          // once per line, the counters on the first quarter of each 128).
+          for (std::uint64_t g0 = 0; g0 < pass_block_vectors; g0 += group_vectors) {
+            [&]<std::uint64_t... Q>(std::integer_sequence<std::uint64_t, Q...>) __attribute__((always_inline)) {
+              (scan.template operator()<true, Q>(g0 + Q), ...);
+            }(std::make_integer_sequence<std::uint64_t, group_vectors>{});
           }
+        } else {
+          for (std::uint64_t j = 0; j < nv; ++j) scan.template operator()<false, 0>(j);
         }
         for (std::uint64_t j = nv; j % 8 != 0; ++j) masks[j] = 0;
         for (std::uint64_t map = nonzero_map(masks, nv); map != 0; map &= map - 1) {
