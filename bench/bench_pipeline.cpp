@@ -4,8 +4,12 @@
 // computes), links of 100 Mbit/s and 1 Gbit/s with 10 ms one-way latency, density 1%,
 // staleness 1, direct all-gather, 8 exchange threads.
 //
-//   BM_pipeline_step/Mbps/permille   one run of 40 steps; counters (rank 0, steady state =
-//                                    steps 10..39):
+//   BM_pipeline_step/Mbps/permille/copy   one run of 40 steps; the training loop copies each
+//                                    bucket's parameters out (`copy_params`, the analogue of
+//                                    the upload) and hands over the gradients zero-copy
+//                                    (copy:0, `gradient_buffer` + `push_gradient(t)`) or
+//                                    copied (copy:1, `push_gradient(t, g)`); counters (rank 0,
+//                                    steady state = steps 10..39):
 //     step_s        mean wall time per step
 //     bound_s       max(compute, wire bytes per step on the link / link rate)
 //     step_over_bound  step_s / bound_s  (target <= 1.15)
@@ -13,6 +17,8 @@
 //     link_MB       bytes per step on the rank's link (P - 1 copies of its message)
 //     gate_s        time per step the training loop waited for parameters
 //     exchange_s    sum over the step's buckets of their exchange times (they overlap)
+//     copy_s, sleep_s, push_s  the training loop's time per step in copy_params (with the
+//                   gates), in the emulated compute, and handing over the gradients
 #include <stellatrain/compress/error_feedback.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 #include <stellatrain/optim/adam.hpp>
@@ -22,6 +28,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 #include <thread>
@@ -41,8 +48,9 @@ constexpr int warmup = 10;
 void BM_pipeline_step(benchmark::State& state) {
   const double rate = static_cast<double>(state.range(0)) * 1e6;
   const double density = static_cast<double>(state.range(1)) / 1000.0;
+  const bool zero_copy = state.range(2) == 0;
   for (auto _ : state) {
-    double step_seconds = 0, stage_cpu = 0, link_bytes = 0, gate = 0, exchange = 0;
+    double step_seconds = 0, stage_cpu = 0, link_bytes = 0, gate = 0, exchange = 0, copy = 0, slept = 0, push = 0;
     st::run_in_process(ranks, [&](st::in_process_transport& raw) {
       const int r = raw.rank();
       st::shaped_transport<st::in_process_transport> t(std::move(raw), {.bits_per_second = rate,
@@ -66,17 +74,37 @@ void BM_pipeline_step(benchmark::State& state) {
       std::vector<float> params(tensor_elements);
       st::transport_clock::time_point t0{};
       st::pipeline_stats s0{};
+      double copy_time = 0, sleep_time = 0, push_time = 0;
       for (int s = 0; s < steps; ++s) {
         if (s == warmup) {
           t0 = st::transport_clock::now();
           s0 = p.stats();
         }
+        const auto a = st::transport_clock::now();
         for (std::size_t b = 0; b < p.bucket_count(); ++b) {
           p.wait_for_forward(b);
           p.copy_params(b, params);  // one tensor per bucket here
         }
+        const auto c = st::transport_clock::now();
         std::this_thread::sleep_for(compute);  // forward + backward on the GPU
-        for (std::size_t i = tensors; i-- > 0;) p.push_gradient(i, g);
+        const auto d = st::transport_clock::now();
+        for (std::size_t i = tensors; i-- > 0;) {
+          if (!zero_copy) {
+            p.push_gradient(i, g);
+            continue;
+          }
+          // A trainer's device-to-host copy would write the gradient into the buffer (DMA,
+          // no CPU time); the gradient is the same every step, so each of the two buffers a
+          // tensor alternates between is written once, in the first two steps.
+          if (s < 2) std::ranges::copy(g, p.gradient_buffer(i).begin());
+          p.push_gradient(i);
+        }
+        const auto e = st::transport_clock::now();
+        if (s >= warmup) {
+          copy_time += std::chrono::duration<double>(c - a).count();
+          sleep_time += std::chrono::duration<double>(d - c).count();
+          push_time += std::chrono::duration<double>(e - d).count();
+        }
       }
       const auto t1 = st::transport_clock::now();
       const auto s1 = p.stats();
@@ -88,6 +116,9 @@ void BM_pipeline_step(benchmark::State& state) {
         link_bytes = static_cast<double>(s1.link_bytes - s0.link_bytes) / measured;
         gate = (s1.gate_wait_seconds - s0.gate_wait_seconds) / measured;
         exchange = (s1.exchange_seconds - s0.exchange_seconds) / measured;
+        copy = copy_time / measured;
+        slept = sleep_time / measured;
+        push = push_time / measured;
       }
     });
     const double bound = std::max(std::chrono::duration<double>(compute).count(), link_bytes / (rate / 8.0));
@@ -99,6 +130,9 @@ void BM_pipeline_step(benchmark::State& state) {
     state.counters["link_MB"] = link_bytes / 1e6;
     state.counters["gate_s"] = gate;
     state.counters["exchange_s"] = exchange;
+    state.counters["copy_s"] = copy;
+    state.counters["sleep_s"] = slept;
+    state.counters["push_s"] = push;
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(tensors * tensor_elements));
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(tensors * tensor_elements * 4));
@@ -107,9 +141,11 @@ void BM_pipeline_step(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_pipeline_step)
-    ->ArgNames({"Mbps", "permille"})
-    ->Args({100, 10})
-    ->Args({1000, 10})
+    ->ArgNames({"Mbps", "permille", "copy"})
+    ->Args({100, 10, 0})
+    ->Args({1000, 10, 0})
+    ->Args({100, 10, 1})
+    ->Args({1000, 10, 1})
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The pipeline over 4 in-process ranks: bit-identical parameters on every rank with messages
 // delivered in shuffled order, identity compression equal to plain data-parallel training,
-// checkpoint and restore, and failures that reach every rank.
+// checkpoint and restore, failures that reach every rank, and the zero-copy hand-over.
 #include <stellatrain/compress/error_feedback.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 #include <stellatrain/optim/adam.hpp>
@@ -44,8 +44,13 @@ void gradient(std::span<const float> params, int rank, std::int64_t step, std::s
   for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.5f * params[i] + d(rng) + 0.01f * static_cast<float>(rank);
 }
 
+// How the gradients are handed over: copied from the application's buffer, or written into
+// the pipeline's own (zero-copy).
+enum class handover { copy, zero_copy };
+
 template <class Pipeline>
-void train(Pipeline& p, int rank, std::int64_t steps, std::vector<std::vector<float>>& params) {
+void train(Pipeline& p, int rank, std::int64_t steps, std::vector<std::vector<float>>& params,
+           handover mode = handover::copy) {
   std::vector<float> g;
   for (std::int64_t s = 0; s < steps; ++s) {
     const std::int64_t step = p.steps_pushed();
@@ -55,9 +60,16 @@ void train(Pipeline& p, int rank, std::int64_t steps, std::vector<std::vector<fl
       for (std::size_t t = range.first_tensor; t < range.first_tensor + range.tensor_count; ++t) p.copy_params(t, params[t]);
     }
     for (std::size_t t = p.tensor_count(); t-- > 0;) {  // backward: last tensor first
-      g.resize(params[t].size());
-      gradient(params[t], rank, step, t, g);
-      p.push_gradient(t, g);
+      if (mode == handover::zero_copy) {
+        const std::span<float> buffer = p.gradient_buffer(t);
+        REQUIRE(buffer.size() == params[t].size());
+        gradient(params[t], rank, step, t, buffer);
+        p.push_gradient(t);
+      } else {
+        g.resize(params[t].size());
+        gradient(params[t], rank, step, t, g);
+        p.push_gradient(t, g);
+      }
     }
   }
   p.flush();
@@ -99,6 +111,35 @@ TEST_CASE("4 ranks hold bit-identical parameters after 50 steps with shuffled de
   }
   // Training moved the parameters away from rank 0's initial values.
   CHECK(result[0][0] != initial_values(sizes[0], 0, 0));
+}
+
+// Staleness 0: each forward reads exactly the updates through the step before, so two runs
+// compute the same gradients (with 1 a forward may or may not see the latest update).
+TEST_CASE("zero-copy hand-over trains exactly as the copying one", "[pipeline]") {
+  const int ranks = 4;
+  auto run = [&](handover mode) {
+    std::vector<std::vector<float>> rank0;
+    run_in_process(ranks, [&](in_process_transport& t) {
+      const int r = t.rank();
+      thread_pool pool{1};
+      pipeline p(t, pool, error_feedback_compressor<bf16>({.method = selection_method::threshold}),
+                 adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 20000, .staleness = 0},
+                 fixed_density{0.05});
+      for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+      p.start();
+      auto params = shaped_like_sizes();
+      train(p, r, 20, params, mode);
+      CHECK(p.stats().steps_applied == 20);
+      if (r == 0) rank0 = std::move(params);
+    });
+    return rank0;
+  };
+  const auto copied = run(handover::copy);
+  const auto zero_copy = run(handover::zero_copy);
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    REQUIRE(std::memcmp(copied[t].data(), zero_copy[t].data(), sizes[t] * sizeof(float)) == 0);
+  }
+  CHECK(copied[0] != initial_values(sizes[0], 0, 0));
 }
 
 TEST_CASE("identity compression equals plain data-parallel SGD on the averaged gradient", "[pipeline]") {
@@ -258,6 +299,8 @@ TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {
     pipeline p(t, pool, error_feedback_compressor<float>(), sgd_optimizer(), {}, fixed_density{0.5});
     std::vector<float> init(10, 1.0f);
     CHECK_THROWS_AS(p.push_gradient(0, init), error);  // not started
+    CHECK_THROWS_AS((void)p.gradient_buffer(0), error);
+    CHECK_THROWS_AS(p.push_gradient(0), error);
     p.add_tensor(7, init);
     CHECK_THROWS_AS(p.add_tensor(7, init), error);  // duplicate id
     p.start();
@@ -269,5 +312,13 @@ TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {
     std::vector<float> out(10);
     p.copy_params(0, out);
     CHECK(out[0] != 1.0f);  // one SGD step on a single rank
+  });
+  run_in_process(1, [&](in_process_transport& t) {
+    thread_pool pool{1};
+    pipeline p(t, pool, error_feedback_compressor<float>(), sgd_optimizer(), {.micro_batches = 2}, fixed_density{0.5});
+    p.add_tensor(7, std::vector<float>(10, 1.0f));
+    p.start();
+    CHECK_THROWS_AS((void)p.gradient_buffer(0), error);  // zero-copy needs one micro-batch
+    CHECK_THROWS_AS(p.push_gradient(0), error);
   });
 }

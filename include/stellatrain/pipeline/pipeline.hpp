@@ -116,7 +116,8 @@ inline constexpr std::uint32_t pipeline_checkpoint_version = 1;
 ///    on every rank (collective): the tensors are grouped into buckets (`plan_buckets`), rank
 ///    0's initial values are broadcast so that every rank starts from the same parameters.
 /// 2. Each step: after the backward pass produced a tensor's gradient, `push_gradient(t, g)`
-///    (`micro_batches` times per step with gradient accumulation). When every tensor of a
+///    (`micro_batches` times per step with gradient accumulation), or, without the copy,
+///    write it into `gradient_buffer(t)` and call `push_gradient(t)`. When every tensor of a
 ///    bucket is in, the bucket goes down the pipeline while backward continues.
 /// 3. Before the forward pass reads a bucket's parameters: `wait_for_forward(b)`, then
 ///    `copy_params(t, out)` for its tensors (the analogue of the upload to the GPU).
@@ -301,12 +302,8 @@ class pipeline {
     const std::uint64_t count = ts.pushes;
     const std::int64_t step = static_cast<std::int64_t>(count / options_.micro_batches);
     const std::uint32_t micro = static_cast<std::uint32_t>(count % options_.micro_batches);
-    slot_state& slot = b.slots[static_cast<std::size_t>(step % 2)];
-    if (micro == 0) {
-      // The slot last held step - 2: its selection must be done before it is overwritten.
-      timed_wait("push_gradient: waiting for the selection of step " + std::to_string(step - 2),
-                 [&] { return b.compressed >= step - 2; });
-    }
+    // The slot last held step - 2: its selection must be done before it is overwritten.
+    slot_state& slot = micro == 0 ? slot_for_next_push(ts, "push_gradient") : b.slots[static_cast<std::size_t>(step % 2)];
     float* dst = slot.grad.data() + ts.offset_in_bucket;
     if (micro == 0) {
       std::memcpy(dst, grad.data(), grad.size_bytes());
@@ -323,6 +320,34 @@ class pipeline {
     count_push(ts.bucket, step);
   }
 
+  /// Zero-copy hand-over, the alternative to `push_gradient(t, grad)` (needs `micro_batches`
+  /// == 1): the pipeline's own buffer for the next gradient of tensor `t`, `tensor_size(t)`
+  /// floats. Write the whole gradient into it (for example by the device-to-host copy), then
+  /// call `push_gradient(t)`. Until that call the buffer is the application's; after it, the
+  /// pipeline's (writing to it then is a data race). Waits like `push_gradient` when the
+  /// application runs ahead (the buffer alternates between two steps: step s - 2 must have
+  /// been selected). Calling it again before the push returns the same buffer.
+  [[nodiscard]] std::span<float> gradient_buffer(std::size_t t) {
+    require_started("gradient_buffer");
+    require_single_micro_batch("gradient_buffer");
+    const tensor_state& ts = tensors_.at(t);
+    slot_state& slot = slot_for_next_push(ts, "gradient_buffer");
+    return {slot.grad.data() + ts.offset_in_bucket, static_cast<std::size_t>(ts.size)};
+  }
+
+  /// Hands over the gradient of tensor `t` written into `gradient_buffer(t)` (no copy).
+  void push_gradient(std::size_t t) {
+    require_started("push_gradient");
+    require_single_micro_batch("push_gradient (zero-copy)");
+    tensor_state& ts = tensors_.at(t);
+    bucket_state& b = *buckets_[ts.bucket];
+    slot_state& slot = slot_for_next_push(ts, "push_gradient");
+    const auto step = static_cast<std::int64_t>(ts.pushes);
+    ts.pushes = ts.pushes + 1;
+    slot.preselected[t - b.range.first_tensor] = false;
+    count_push(ts.bucket, step);
+  }
+
   /// Hands over, instead of a dense gradient, a selection made elsewhere (for example on the
   /// GPU with its own error feedback, see pipeline/cuda_bridge.cuh): the compressor is not
   /// called for this tensor and step, and its residual is not touched. The pairs are copied;
@@ -330,9 +355,7 @@ class pipeline {
   /// Needs `micro_batches` == 1.
   void push_selection(std::size_t t, sparse_view<const value_t, const index_t> selection) {
     require_started("push_selection");
-    if (options_.micro_batches != 1) {
-      throw_error(errc::invalid_argument, "pipeline::push_selection: needs micro_batches == 1");
-    }
+    require_single_micro_batch("push_selection");
     tensor_state& ts = tensors_.at(t);
     if (selection.dense_size() != ts.size) {
       throw_error(errc::size_mismatch, "pipeline::push_selection: tensor " + std::to_string(ts.id) + " has " +
@@ -341,9 +364,7 @@ class pipeline {
     }
     bucket_state& b = *buckets_[ts.bucket];
     const auto step = static_cast<std::int64_t>(ts.pushes);
-    slot_state& slot = b.slots[static_cast<std::size_t>(step % 2)];
-    timed_wait("push_selection: waiting for the selection of step " + std::to_string(step - 2),
-               [&] { return b.compressed >= step - 2; });
+    slot_state& slot = slot_for_next_push(ts, "push_selection");
     auto& buf = slot.preselected_pairs[t - b.range.first_tensor];
     buf.set_dense_size(ts.size);
     if (buf.capacity() < selection.size()) buf.reserve(selection.size(), {.prefault = true});
@@ -769,6 +790,22 @@ class pipeline {
     if (!started_) throw_error(errc::invalid_argument, std::string("pipeline::") + what + ": call start() first");
     std::lock_guard lock(mutex_);
     if (failed_) std::rethrow_exception(failure_);
+  }
+
+  void require_single_micro_batch(const char* what) const {
+    if (options_.micro_batches != 1) {
+      throw_error(errc::invalid_argument, std::string("pipeline::") + what + ": needs micro_batches == 1");
+    }
+  }
+
+  // The slot that the next push of `ts` fills (its step's first micro-batch), once the
+  // selection of the step it held before (step - 2) is done.
+  slot_state& slot_for_next_push(const tensor_state& ts, const char* what) {
+    bucket_state& b = *buckets_[ts.bucket];
+    const auto step = static_cast<std::int64_t>(ts.pushes / options_.micro_batches);
+    timed_wait(std::string(what) + ": waiting for the selection of step " + std::to_string(step - 2),
+               [&] { return b.compressed >= step - 2; });
+    return b.slots[static_cast<std::size_t>(step % 2)];
   }
 
   // Waits for `ready` (evaluated under the lock), counting the wait as gate time; throws the
