@@ -235,9 +235,11 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
       };
       while (i + w <= e) {
         const std::uint64_t nv = std::min(pass_block_vectors, (e - i) / w);
-        if (nv == pass_block_vectors && (i - b) % 128 == 0 && i % line == 0) {
+        if (nv == pass_block_vectors) {
           // A full block, unrolled 128 elements at a time: no per-vector branch (prefetch
-          // once per line, the counters on the first quarter of each 128).
+          // once per line, the counters on the first quarter of each 128). Blocks start a
+          // multiple of 64 w (so of 128, static_asserted above) elements past the chunk's
+          // start, so these are the elements the per-vector checks would pick.
           for (std::uint64_t g0 = 0; g0 < pass_block_vectors; g0 += group_vectors) {
             [&]<std::uint64_t... Q>(std::integer_sequence<std::uint64_t, Q...>) __attribute__((always_inline)) {
               (scan.template operator()<true, Q>(g0 + Q), ...);
