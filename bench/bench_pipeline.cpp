@@ -4,12 +4,14 @@
 // computes), links of 100 Mbit/s and 1 Gbit/s with 10 ms one-way latency, density 1%,
 // staleness 1, direct all-gather, 8 exchange threads.
 //
-//   BM_pipeline_step/Mbps/permille/copy   one run of 40 steps; the training loop copies each
-//                                    bucket's parameters out (`copy_params`, the analogue of
-//                                    the upload) and hands over the gradients zero-copy
-//                                    (copy:0, `gradient_buffer` + `push_gradient(t)`) or
-//                                    copied (copy:1, `push_gradient(t, g)`); counters (rank 0,
-//                                    steady state = steps 10..39):
+//   BM_pipeline_step/Mbps/permille/copy   one run of 40 steps. copy:0, what a trainer does: it
+//                                    keeps a bf16 copy of the parameters (the GPU's, here
+//                                    in host memory) up to date with the changed elements
+//                                    (`record_updates` + `copy_changes`, then the scatter)
+//                                    and hands over the gradients zero-copy (`gradient_buffer`
+//                                    + `push_gradient(t)`). copy:1: it copies whole tensors
+//                                    both ways (`copy_params` in fp32, `push_gradient(t, g)`).
+//                                    Counters (rank 0, steady state = steps 10..39):
 //     step_s        mean wall time per step
 //     bound_s       max(compute, wire bytes per step on the link / link rate)
 //     step_over_bound  step_s / bound_s  (target <= 1.15)
@@ -17,8 +19,10 @@
 //     link_MB       bytes per step on the rank's link (P - 1 copies of its message)
 //     gate_s        time per step the training loop waited for parameters
 //     exchange_s    sum over the step's buckets of their exchange times (they overlap)
-//     copy_s, sleep_s, push_s  the training loop's time per step in copy_params (with the
-//                   gates), in the emulated compute, and handing over the gradients
+//     copy_s, sleep_s, push_s  the training loop's time per step bringing its copy of the
+//                   parameters up to date (with the gates), in the emulated compute, and
+//                   handing over the gradients
+//     whole_copies  copy:0: tensors per step copied whole (their changes were not kept)
 #include <stellatrain/compress/error_feedback.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 #include <stellatrain/optim/adam.hpp>
@@ -50,7 +54,8 @@ void BM_pipeline_step(benchmark::State& state) {
   const double density = static_cast<double>(state.range(1)) / 1000.0;
   const bool zero_copy = state.range(2) == 0;
   for (auto _ : state) {
-    double step_seconds = 0, stage_cpu = 0, link_bytes = 0, gate = 0, exchange = 0, copy = 0, slept = 0, push = 0;
+    double step_seconds = 0, stage_cpu = 0, link_bytes = 0, gate = 0, exchange = 0, copy = 0, slept = 0, push = 0,
+           wholes = 0;
     st::run_in_process(ranks, [&](st::in_process_transport& raw) {
       const int r = raw.rank();
       st::shaped_transport<st::in_process_transport> t(std::move(raw), {.bits_per_second = rate,
@@ -62,7 +67,8 @@ void BM_pipeline_step(benchmark::State& state) {
                      // link rate and the latency is paid once per bucket, not 3 times; 8
                      // exchange threads keep 8 buckets' latencies overlapping.
                      {.bucket_bytes = tensor_elements * sizeof(float), .staleness = 1, .exchange_threads = 8,
-                      .algorithm = st::allgather_algorithm::direct},
+                      .algorithm = st::allgather_algorithm::direct,
+                      .record_updates = zero_copy ? st::update_record::bf16 : st::update_record::off},
                      st::fixed_density{density});
       std::vector<float> init(tensor_elements, 0.0f);
       for (std::size_t i = 0; i < tensors; ++i) p.add_tensor(static_cast<std::uint32_t>(i), init);
@@ -72,18 +78,34 @@ void BM_pipeline_step(benchmark::State& state) {
       std::normal_distribution<float> dist(0.0f, 1.0f);
       for (auto& x : g) x = dist(rng);
       std::vector<float> params(tensor_elements);
+      // copy:0: the bf16 copy of every tensor, its version, and room for the changes.
+      std::vector<std::vector<st::bf16>> mirror(tensors, std::vector<st::bf16>(tensor_elements));
+      std::vector<st::param_version> held(tensors);
+      std::vector<std::uint32_t> changed(tensor_elements / 2);
+      std::vector<st::bf16> changed_values(tensor_elements / 2);
       st::transport_clock::time_point t0{};
       st::pipeline_stats s0{};
-      double copy_time = 0, sleep_time = 0, push_time = 0;
+      double copy_time = 0, sleep_time = 0, push_time = 0, whole_copies = 0;
       for (int s = 0; s < steps; ++s) {
         if (s == warmup) {
           t0 = st::transport_clock::now();
           s0 = p.stats();
         }
         const auto a = st::transport_clock::now();
-        for (std::size_t b = 0; b < p.bucket_count(); ++b) {
+        for (std::size_t b = 0; b < p.bucket_count(); ++b) {  // one tensor per bucket here
           p.wait_for_forward(b);
-          p.copy_params(b, params);  // one tensor per bucket here
+          if (!zero_copy) {
+            p.copy_params(b, params);
+            continue;
+          }
+          const st::param_changes c = p.copy_changes(b, held[b], std::span(changed), std::span(changed_values));
+          if (c.kind == st::param_changes_kind::sparse) {
+            for (std::uint64_t j = 0; j < c.count; ++j) mirror[b][changed[j]] = changed_values[j];
+            held[b] = c.version;
+          } else if (c.kind == st::param_changes_kind::whole) {
+            held[b] = p.copy_params(b, std::span(mirror[b]));
+            if (s >= warmup) ++whole_copies;
+          }
         }
         const auto c = st::transport_clock::now();
         std::this_thread::sleep_for(compute);  // forward + backward on the GPU
@@ -119,6 +141,7 @@ void BM_pipeline_step(benchmark::State& state) {
         copy = copy_time / measured;
         slept = sleep_time / measured;
         push = push_time / measured;
+        wholes = whole_copies / measured;
       }
     });
     const double bound = std::max(std::chrono::duration<double>(compute).count(), link_bytes / (rate / 8.0));
@@ -133,6 +156,7 @@ void BM_pipeline_step(benchmark::State& state) {
     state.counters["copy_s"] = copy;
     state.counters["sleep_s"] = slept;
     state.counters["push_s"] = push;
+    state.counters["whole_copies"] = wholes;
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(tensors * tensor_elements));
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(tensors * tensor_elements * 4));

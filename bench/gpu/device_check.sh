@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The GPU check of the selection part, for a machine with a CUDA GPU and nvcc (about 3-5
-# minutes on one H200, build included):
-#   1. configures a Release build for ONE architecture and builds only test_select_cuda and
-#      bench_select_cuda;
-#   2. runs the GPU tests;
+# The GPU check of the selection part and the pipeline's GPU bridge, for a machine with a CUDA
+# GPU and nvcc (about 3-5 minutes on one H200, build included):
+#   1. configures a Release build for ONE architecture and builds only test_select_cuda,
+#      test_pipeline_cuda and bench_select_cuda;
+#   2. runs the GPU tests (selection; the bridge: selection and parameter upload);
 #   3. runs the benchmark (exact, bf16, threshold, error feedback; copy baseline in the run);
 #   4. times torch.topk(g.abs(), k) on the same sizes if python3 with CUDA torch is there;
 #   5. prints one table: N, k, our time, torch time, ratio, passes over the input, then the
@@ -41,13 +41,15 @@ cmake -S . -B "$build" "${generator[@]}" \
   -DSTELLATRAIN_BUILD_TESTS=ON -DSTELLATRAIN_BUILD_BENCH=ON -DSTELLATRAIN_BUILD_EXAMPLES=OFF \
   -DSTELLATRAIN_INSTALL=OFF >"$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; echo "device_check: configure failed (Catch2, Google Benchmark, xsimd installed? scripts/install-deps)" >&2; exit 1; }
-stamp "build test_select_cuda bench_select_cuda (-j$jobs)"
-cmake --build "$build" --target test_select_cuda bench_select_cuda -j "$jobs" || { echo "device_check: build failed" >&2; exit 1; }
+stamp "build test_select_cuda test_pipeline_cuda bench_select_cuda (-j$jobs)"
+cmake --build "$build" --target test_select_cuda test_pipeline_cuda bench_select_cuda -j "$jobs" \
+  || { echo "device_check: build failed" >&2; exit 1; }
 mkdir -p "$out"
 
 stamp "GPU tests"
 timeout 300 "$build/tests/test_select_cuda" --durations yes >"$out/tests.log" 2>&1
 test_rc=$?
+timeout 120 "$build/tests/test_pipeline_cuda" --durations yes >>"$out/tests.log" 2>&1 || test_rc=$?
 grep -E "^(All tests passed|test cases:|assertions:)|FAILED|skipped" "$out/tests.log" | head -40
 if [ $test_rc -ne 0 ]; then
   echo "device_check: GPU tests FAILED (exit $test_rc); full log: $out/tests.log"

@@ -57,4 +57,5 @@
 
 #include <stellatrain/pipeline/bucket_plan.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
+#include <stellatrain/pipeline/param_changes.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>

@@ -77,3 +77,40 @@ TEST_CASE("GPU selection through the bridge equals the CPU compressor", "[pipeli
     REQUIRE(std::memcmp(cpu[i].data(), gpu[i].data(), sizes[i] * sizeof(float)) == 0);
   }
 }
+
+TEST_CASE("the bridge keeps bf16 device parameters equal to the pipeline's, scattering the changes", "[pipeline][cuda]") {
+  run_in_process(2, [&](in_process_transport& t) {
+    thread_pool pool{1};
+    pipeline p(t, pool, error_feedback_compressor<bf16>({.method = selection_method::exact_topk}),
+               adam_optimizer({.lr = 1e-2f}),
+               {.bucket_bytes = 0, .staleness = 0, .record_updates = update_record::bf16}, fixed_density{0.02});
+    for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), std::vector<float>(sizes[i], 1.0f));
+    p.start();
+    cuda_gradient_bridge bridge(p, {.max_density = 0.05});
+    cudaStream_t s;
+    STELLATRAIN_CUDA_CHECK(cudaStreamCreate(&s));
+    std::vector<bf16*> d_param(sizes.size());
+    for (std::size_t i = 0; i < sizes.size(); ++i) STELLATRAIN_CUDA_CHECK(cudaMalloc(&d_param[i], sizes[i] * sizeof(bf16)));
+    int sparse = 0, whole = 0;
+    for (int step = 0; step < 6; ++step) {
+      for (std::size_t b = 0; b < p.bucket_count(); ++b) p.wait_for_forward(b);
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const param_changes_kind k = bridge.upload_params(i, d_param[i], cuda_stream{s});
+        sparse += k == param_changes_kind::sparse;
+        whole += k == param_changes_kind::whole;
+        std::vector<bf16> on_device(sizes[i]), expected(sizes[i]);
+        STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(on_device.data(), d_param[i], sizes[i] * sizeof(bf16),
+                                               cudaMemcpyDeviceToHost, s));
+        STELLATRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
+        p.copy_params(i, std::span(expected));
+        REQUIRE(std::memcmp(on_device.data(), expected.data(), sizes[i] * sizeof(bf16)) == 0);
+      }
+      for (std::size_t i = sizes.size(); i-- > 0;) p.push_gradient(i, grad_of(t.rank(), step, i));
+    }
+    p.flush();
+    CHECK(whole >= 3);    // the first upload of each tensor
+    CHECK(sparse >= 10);  // the 5000- and 70000-element tensors after every step
+    for (auto* d : d_param) cudaFree(d);
+    cudaStreamDestroy(s);
+  });
+}

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The GPU side of the pipeline: selection with error feedback on the device, one
 // device-to-host copy of the packed selection per tensor, and the upload of updated
-// parameters, all on the caller's stream.
+// parameters (the changed elements scattered, or the whole tensor), all on the caller's stream.
 #pragma once
 
 #include <stellatrain/config.hpp>
@@ -10,6 +10,7 @@
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
 #include <stellatrain/select/selection_layout.hpp>
+#include <stellatrain/select/selection_scatter.cuh>
 #include <stellatrain/select/topk_cuda.cuh>
 
 #include <cuda_runtime_api.h>
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace stellatrain {
@@ -38,15 +40,22 @@ struct cuda_bridge_options {
 ///
 /// Per tensor the bridge owns, allocated once at construction: the fp32 error-feedback residual
 /// on the device, the selection's device workspace and output, and a pinned host buffer of
-/// the same layout (`selection_layout.hpp`), plus a pinned staging buffer for parameters.
+/// the same layout (`selection_layout.hpp`), plus a pinned staging buffer for parameters
+/// (4 bytes per element) and, when the pipeline records updates, a device buffer for the
+/// changed elements (at most the bytes of the tensor in the recorded precision).
 ///
 /// - `push_device_gradient(t, grad, stream)`: acc = grad + residual, exact top-k of |acc| on
 ///   the device (`error_feedback_topk`, k from the pipeline's next density), one
 ///   device-to-host copy of the selection, then `pipeline::push_selection`. It synchronises
 ///   `stream` once (the pipeline needs the bytes on the host); nothing else waits.
-/// - `upload_params(t, device_params, stream)`: after `wait_for_forward`, copies the tensor's
-///   current fp32 parameters from the pipeline to the device (through the pinned staging
-///   buffer; one host-to-device copy, ordered on `stream`).
+/// - `upload_params(t, device_params, stream)`: after `wait_for_forward`, brings the tensor's
+///   parameters on the device (float, fp16 or bf16) up to date, ordered on `stream`. When the
+///   pipeline records updates in that precision (`pipeline_options::record_updates`) and the
+///   device copy is at most two steps behind, only the changed elements travel (one
+///   host-to-device copy of indices and values, then `scatter_values`); otherwise the whole
+///   tensor (one host-to-device copy through the pinned staging buffer). The bridge tracks
+///   which version each device copy holds: keep one device copy per tensor, and call
+///   `forget_upload(t)` when something else writes it.
 ///
 /// The residual of a GPU-selected tensor lives here, not in the pipeline's compressor, so
 /// pipeline checkpoints do not hold it (save it with `residual(t)` if needed).
@@ -57,7 +66,7 @@ struct cuda_bridge_options {
 ///   bridge.push_device_gradient(t, d_grad[t], stellatrain::cuda_stream{stream});
 ///   // before the next forward:
 ///   pipe.wait_for_forward(pipe.bucket_of(t));
-///   bridge.upload_params(t, d_param[t], stellatrain::cuda_stream{stream});
+///   bridge.upload_params(t, d_param[t], stellatrain::cuda_stream{stream});  // float*, fp16* or bf16*
 /// \endcode
 template <class Pipeline>
 class cuda_gradient_bridge {
@@ -84,6 +93,10 @@ class cuda_gradient_bridge {
         STELLATRAIN_CUDA_CHECK(cudaMalloc(&b.workspace, b.workspace_bytes));
         STELLATRAIN_CUDA_CHECK(cudaMallocHost(&b.host_out, b.out_bytes));
         STELLATRAIN_CUDA_CHECK(cudaMallocHost(&b.host_params, b.n * sizeof(float)));
+        b.change_capacity = change_capacity(b);
+        if (b.change_capacity > 0) {
+          STELLATRAIN_CUDA_CHECK(cudaMalloc(&b.device_changes, b.change_capacity * (sizeof(index_t) + recorded_bytes())));
+        }
       }
     } catch (...) {
       release();
@@ -122,21 +135,51 @@ class cuda_gradient_bridge {
     pipeline_.push_selection(t, selection);
   }
 
-  /// Copies tensor t's current parameters from the pipeline to `device_params` (n floats),
-  /// ordered on `ctx.stream`; returns once the copy has been issued and the staging buffer may
-  /// be reused (it synchronises the stream before the next upload of the same tensor).
-  void upload_params(std::size_t t, float* device_params, cuda_stream ctx) {
+  /// Brings tensor t's parameters at `device_params` (n values of `Param`: float, fp16 or
+  /// bf16) up to date with the pipeline, ordered on `ctx.stream`: the changed elements only
+  /// where the pipeline keeps them in `Param`'s precision, else the whole tensor. Returns once
+  /// the copies are issued (the staging buffers are reused after a synchronisation of the
+  /// stream at the next upload of the same tensor). Returns what travelled.
+  template <class Param>
+  param_changes_kind upload_params(std::size_t t, Param* device_params, cuda_stream ctx) {
+    static_assert(value_type<Param>, "upload_params: parameters are float, fp16 or bf16");
     tensor_buffers& b = buffers_.at(t);
     if (b.uploading) {
       STELLATRAIN_CUDA_CHECK(cudaStreamSynchronize(b.upload_stream));
       b.uploading = false;
     }
-    pipeline_.copy_params(t, std::span<float>(b.host_params, b.n));
+    if (records<Param>() && b.change_capacity > 0) {
+      // Staging: indices first, then values, in the pinned parameter buffer.
+      auto* idx = static_cast<index_t*>(b.host_params);
+      auto* val = reinterpret_cast<Param*>(idx + b.change_capacity);
+      const param_changes c = pipeline_.copy_changes(t, b.held, std::span<index_t>(idx, b.change_capacity),
+                                                     std::span<Param>(val, b.change_capacity));
+      if (c.kind == param_changes_kind::none) return c.kind;
+      if (c.kind == param_changes_kind::sparse) {
+        auto* d_idx = static_cast<index_t*>(b.device_changes);
+        auto* d_val = reinterpret_cast<Param*>(d_idx + b.change_capacity);
+        b.held = param_version{};  // until the copies below are issued
+        STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(d_idx, idx, c.count * sizeof(index_t), cudaMemcpyHostToDevice, ctx.stream));
+        STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(d_val, val, c.count * sizeof(Param), cudaMemcpyHostToDevice, ctx.stream));
+        scatter_values(ctx, d_idx, d_val, c.count, device_params, b.n);
+        b.upload_stream = ctx.stream;
+        b.uploading = true;
+        b.held = c.version;
+        return c.kind;
+      }
+    }
+    b.held = param_version{};
+    const param_version v = pipeline_.copy_params(t, std::span<Param>(static_cast<Param*>(b.host_params), b.n));
     STELLATRAIN_CUDA_CHECK(
-        cudaMemcpyAsync(device_params, b.host_params, b.n * sizeof(float), cudaMemcpyHostToDevice, ctx.stream));
+        cudaMemcpyAsync(device_params, b.host_params, b.n * sizeof(Param), cudaMemcpyHostToDevice, ctx.stream));
     b.upload_stream = ctx.stream;
     b.uploading = true;
+    b.held = v;
+    return param_changes_kind::whole;
   }
+
+  /// The device copy of tensor t was written elsewhere: its next upload copies it whole.
+  void forget_upload(std::size_t t) { buffers_.at(t).held = param_version{}; }
 
   /// The device residual of tensor t (n floats).
   [[nodiscard]] float* residual(std::size_t t) { return buffers_.at(t).residual; }
@@ -151,10 +194,35 @@ class cuda_gradient_bridge {
     void* device_out = nullptr;
     void* workspace = nullptr;
     void* host_out = nullptr;
-    float* host_params = nullptr;
+    void* host_params = nullptr;     // n * 4 bytes: parameters, or changed indices + values
+    std::uint64_t change_capacity = 0;
+    void* device_changes = nullptr;  // change_capacity indices, then as many values
+    param_version held{};            // what the device copy holds
     cudaStream_t upload_stream = nullptr;
     bool uploading = false;
   };
+
+  template <class Param>
+  bool records() const noexcept {
+    const update_record r = pipeline_.options().record_updates;
+    if constexpr (std::is_same_v<Param, float>) return r == update_record::fp32;
+    else if constexpr (std::is_same_v<Param, fp16>) return r == update_record::fp16;
+    else return r == update_record::bf16;
+  }
+
+  std::size_t recorded_bytes() const noexcept {
+    return pipeline_.options().record_updates == update_record::fp32 ? 4 : 2;
+  }
+
+  // Changes worth sending: fewer bytes than the whole tensor in the recorded precision (so
+  // they also fit the staging buffer of n * 4 bytes), and at most what the ranks' selections
+  // of two steps can change.
+  std::uint64_t change_capacity(const tensor_buffers& b) const noexcept {
+    if (pipeline_.options().record_updates == update_record::off) return 0;
+    const std::uint64_t by_bytes = b.n * recorded_bytes() / (sizeof(index_t) + recorded_bytes());
+    const std::uint64_t by_selections = 2 * static_cast<std::uint64_t>(pipeline_.ranks()) * b.max_k;
+    return std::min(by_bytes, by_selections);
+  }
 
   void release() noexcept {
     for (auto& b : buffers_) {
@@ -164,6 +232,7 @@ class cuda_gradient_bridge {
       (void)cudaFree(b.workspace);
       (void)cudaFreeHost(b.host_out);
       (void)cudaFreeHost(b.host_params);
+      (void)cudaFree(b.device_changes);
     }
     buffers_.clear();
   }

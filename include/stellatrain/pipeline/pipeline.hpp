@@ -13,11 +13,13 @@
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/optim/optimizer_concepts.hpp>
 #include <stellatrain/pack/aggregate.hpp>
+#include <stellatrain/pack/detail/value_codec.hpp>
 #include <stellatrain/pack/packer.hpp>
 #include <stellatrain/pack/unpacker.hpp>
 #include <stellatrain/pack/wire_format.hpp>
 #include <stellatrain/pipeline/bucket_plan.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
+#include <stellatrain/pipeline/param_changes.hpp>
 #include <stellatrain/transport/allgather.hpp>
 #include <stellatrain/transport/broadcast.hpp>
 #include <stellatrain/transport/concept.hpp>
@@ -27,6 +29,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -42,6 +45,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace stellatrain {
@@ -74,6 +78,10 @@ struct pipeline_options {
   tag_type tag_base = 4096;
   /// Aggregation scatters into a dense gradient from this many received pairs per element.
   double dense_threshold = 0.25;
+  /// Keep each tensor's last two updates (changed indices, new values in this precision) for
+  /// `copy_changes`, the cheap way to keep a copy of the parameters (the GPU's) up to date.
+  /// Memory: up to the union of the ranks' selections per tensor and step, twice.
+  update_record record_updates = update_record::off;
 };
 
 /// Totals of a pipeline's work on this rank.
@@ -120,7 +128,9 @@ inline constexpr std::uint32_t pipeline_checkpoint_version = 1;
 ///    write it into `gradient_buffer(t)` and call `push_gradient(t)`. When every tensor of a
 ///    bucket is in, the bucket goes down the pipeline while backward continues.
 /// 3. Before the forward pass reads a bucket's parameters: `wait_for_forward(b)`, then
-///    `copy_params(t, out)` for its tensors (the analogue of the upload to the GPU).
+///    `copy_params(t, out)` for its tensors (the analogue of the upload to the GPU), or, with
+///    `record_updates`, `copy_changes(t, held, ...)`: only the elements changed since the
+///    copy's version `held` (pipeline/cuda_bridge.cuh scatters them into GPU memory).
 ///
 /// Staleness (the gate of step 3): with `staleness` 0, the forward of step t+1 waits until
 /// every update of step t is applied; with 1, until every update of step t-1 is, so that step
@@ -156,6 +166,8 @@ class pipeline {
   using compressor_type = Compressor;
   using transport_type = Transport;
   using optimizer_type = Optimizer;
+  /// The index type of `copy_changes`.
+  using index_type = index_t;
 
   pipeline(Transport& transport, Executor& executor, Compressor compressor, Optimizer optimizer,
            pipeline_options options = {}, Policy policy = Policy{})
@@ -397,20 +409,79 @@ class pipeline {
     wait_ready(b, pushed - 1 - options_.staleness);
   }
 
-  /// Copies the fp32 parameters of tensor `t` into `out` (out.size() == the tensor's size), as
-  /// one consistent snapshot (never half of an update).
-  void copy_params(std::size_t t, std::span<float> out) {
-    require_started("copy_params");
-    const tensor_state& ts = tensors_.at(t);
-    if (out.size() != ts.size) {
-      throw_error(errc::size_mismatch, "pipeline::copy_params: tensor " + std::to_string(ts.id) + " has " +
-                                           std::to_string(ts.size) + " elements, the output " +
-                                           std::to_string(out.size()));
+  /// Copies the parameters of tensor `t` into `out` (out.size() == the tensor's size), as one
+  /// consistent snapshot (never half of an update), converted to fp16 / bf16 (rounding to
+  /// nearest even) for those overloads. Returns the version copied (for `copy_changes`).
+  param_version copy_params(std::size_t t, std::span<float> out) { return copy_params_as(t, out); }
+  param_version copy_params(std::size_t t, std::span<fp16> out) { return copy_params_as(t, out); }
+  param_version copy_params(std::size_t t, std::span<bf16> out) { return copy_params_as(t, out); }
+
+  /// With `options().record_updates` set to T's precision: writes to `indices` / `values` the
+  /// elements of tensor `t` that changed since the copy of version `held` (sorted indices,
+  /// their current values in T), so that setting them brings the copy to the version returned.
+  /// Consistent like `copy_params`. Returns `param_changes_kind::none` when the copy is
+  /// current; `whole` (the spans' contents unspecified) when the changes are not kept:
+  /// `held` is more than two steps behind, holds nothing known or predates a restore, an
+  /// update in between was dense (a dense aggregation), or the spans are shorter than the
+  /// changes (`count` says how many). Then copy the tensor with `copy_params`.
+  /// Errors: `errc::invalid_argument` when the pipeline records no updates or records another
+  /// precision, `std::out_of_range` for an unknown tensor. Time: O(changes) (a merge of two
+  /// sorted lists when `held` is two steps behind).
+  template <class T>
+  param_changes copy_changes(std::size_t t, param_version held, std::span<index_t> indices, std::span<T> values) {
+    static_assert(value_type<T>, "copy_changes: values are float, fp16 or bf16");
+    require_started("copy_changes");
+    if (options_.record_updates != update_record_of<T>()) {
+      throw_error(errc::invalid_argument,
+                  std::string("pipeline::copy_changes: the pipeline records ") +
+                      (options_.record_updates == update_record::off ? "no updates (set pipeline_options::record_updates)"
+                                                                     : "updates in another precision"));
     }
+    tensor_state& ts = tensors_.at(t);
     bucket_state& b = *buckets_[ts.bucket];
     std::lock_guard lock(b.params_mutex);
-    const auto p = std::as_const(optimizer_).params(ts.optimizer_index);
-    std::memcpy(out.data(), p.data(), out.size_bytes());
+    const param_version now{.step = ts.applied, .generation = generation_.load(std::memory_order_relaxed)};
+    if (held == now) return {.kind = param_changes_kind::none, .count = 0, .version = now};
+    param_changes whole{.kind = param_changes_kind::whole, .count = 0, .version = now};
+    if (held.generation != now.generation || held.step < -1 || held.step >= now.step || now.step - held.step > 2) {
+      return whole;
+    }
+    const update_log& last = ts.log[static_cast<std::size_t>(now.step % 2)];
+    if (last.step != now.step || last.whole) return whole;
+    const std::span<const T> last_values = last.template values<T>();
+    if (now.step - held.step == 1) {
+      whole.count = last.indices.size();
+      if (last.indices.size() > indices.size() || last.indices.size() > values.size()) return whole;
+      std::ranges::copy(last.indices, indices.begin());
+      std::ranges::copy(last_values, values.begin());
+      return {.kind = param_changes_kind::sparse, .count = last.indices.size(), .version = now};
+    }
+    const update_log& before = ts.log[static_cast<std::size_t>((now.step - 1) % 2)];
+    if (before.step != now.step - 1 || before.whole) return whole;
+    // The union of the two steps' changes; where both changed an element, the later value.
+    const std::span<const T> before_values = before.template values<T>();
+    const std::size_t na = before.indices.size(), nb = last.indices.size();
+    const std::size_t room = std::min(indices.size(), values.size());
+    std::size_t i = 0, j = 0, n = 0;
+    while (i < na || j < nb) {
+      const bool take_last = j < nb && (i == na || last.indices[j] <= before.indices[i]);
+      if (n < room) {
+        indices[n] = take_last ? last.indices[j] : before.indices[i];
+        values[n] = take_last ? last_values[j] : before_values[i];
+      }
+      ++n;
+      if (take_last) {
+        if (i < na && before.indices[i] == last.indices[j]) ++i;
+        ++j;
+      } else {
+        ++i;
+      }
+    }
+    if (n > room) {
+      whole.count = n;
+      return whole;
+    }
+    return {.kind = param_changes_kind::sparse, .count = n, .version = now};
   }
 
   /// Waits until every handed-over step is applied on this rank (not a barrier: other ranks
@@ -576,7 +647,12 @@ class pipeline {
     const auto s = static_cast<std::int64_t>(steps);
     pushed_steps_ = s;
     applied_step_ = s - 1;
-    for (auto& t : tensors_) t.pushes = steps * options_.micro_batches;
+    for (auto& t : tensors_) {
+      t.pushes = steps * options_.micro_batches;
+      t.applied = s - 1;
+      for (auto& log : t.log) log.step = param_version::nothing;
+    }
+    generation_.fetch_add(1, std::memory_order_relaxed);  // copies made before hold another history
     for (auto& b : buckets_) {
       b->compressed = b->exchanged = b->applied = s - 1;
       for (auto& slot : b->slots) {
@@ -591,6 +667,27 @@ class pipeline {
   }
 
  private:
+  // One applied update of a tensor, as `record_updates` keeps it.
+  struct update_log {
+    std::int64_t step = param_version::nothing;
+    bool whole = true;                 // it may have changed every element
+    std::vector<index_t> indices;      // else: the elements it changed, sorted
+    std::vector<float> fp32_values;    // their new values, in the recorded precision
+    std::vector<fp16> fp16_values;
+    std::vector<bf16> bf16_values;
+
+    template <class T>
+    std::vector<T>& values() {
+      if constexpr (std::is_same_v<T, float>) return fp32_values;
+      else if constexpr (std::is_same_v<T, fp16>) return fp16_values;
+      else return bf16_values;
+    }
+    template <class T>
+    std::span<const T> values() const {
+      return const_cast<update_log*>(this)->template values<T>();
+    }
+  };
+
   struct tensor_state {
     std::uint32_t id = 0;
     std::uint64_t size = 0;
@@ -598,6 +695,9 @@ class pipeline {
     std::uint64_t offset_in_bucket = 0;
     std::size_t optimizer_index = 0;
     std::uint64_t pushes = 0;  // hand-overs so far (micro-batches included)
+    // Guarded by the bucket's params_mutex:
+    std::int64_t applied = -1;  // the last step applied to the parameters
+    update_log log[2];          // with record_updates: the updates of steps s, by s mod 2
   };
 
   struct slot_state {
@@ -995,7 +1095,7 @@ class pipeline {
     }
     std::vector<sparse_view<const float, const index_t>>& inputs = inputs_scratch(b);
     for (std::size_t i = 0; i < nt; ++i) {
-      const tensor_state& ts = tensors_[bs.range.first_tensor + i];
+      tensor_state& ts = tensors_[bs.range.first_tensor + i];
       inputs.clear();
       std::uint64_t total = 0;
       for (int r = 0; r < ranks_; ++r) {
@@ -1011,11 +1111,21 @@ class pipeline {
                                                       bs.merged, dense,
                                                       {.op = options_.op, .dense_threshold = options_.dense_threshold}, ex_);
       std::lock_guard lock(bs.params_mutex);
+      const auto sparse = std::as_const(bs.merged).view();
       if (kind == aggregate_kind::dense) {
         optimizer_.step(ts.optimizer_index, std::span<const float>(dense), ex_);
+        update_log& log = ts.log[static_cast<std::size_t>(step % 2)];
+        log.step = step;
+        log.whole = true;
       } else {
-        optimizer_.step(ts.optimizer_index, std::as_const(bs.merged).view(), ex_);
+        switch (options_.record_updates) {
+          case update_record::off: optimizer_.step(ts.optimizer_index, sparse, ex_); break;
+          case update_record::fp32: step_and_log<float>(ts, step, sparse); break;
+          case update_record::fp16: step_and_log<fp16>(ts, step, sparse); break;
+          case update_record::bf16: step_and_log<bf16>(ts, step, sparse); break;
+        }
       }
+      ts.applied = step;
     }
     std::lock_guard lock(mutex_);
     bs.applied = step;
@@ -1024,6 +1134,52 @@ class pipeline {
   }
 
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+  template <class T>
+  static constexpr update_record update_record_of() noexcept {
+    if constexpr (std::is_same_v<T, float>) return update_record::fp32;
+    else if constexpr (std::is_same_v<T, fp16>) return update_record::fp16;
+    else return update_record::bf16;
+  }
+
+  template <class T>
+  param_version copy_params_as(std::size_t t, std::span<T> out) {
+    require_started("copy_params");
+    const tensor_state& ts = tensors_.at(t);
+    if (out.size() != ts.size) {
+      throw_error(errc::size_mismatch, "pipeline::copy_params: tensor " + std::to_string(ts.id) + " has " +
+                                           std::to_string(ts.size) + " elements, the output " +
+                                           std::to_string(out.size()));
+    }
+    bucket_state& b = *buckets_[ts.bucket];
+    std::lock_guard lock(b.params_mutex);
+    const auto p = std::as_const(optimizer_).params(ts.optimizer_index);
+    // Same bytes as the little-endian wire encoding of T on every host this library builds for.
+    static_assert(std::endian::native == std::endian::little);
+    detail::encode_values(p.data(), out.size(), value_encoding_of<T>, reinterpret_cast<std::byte*>(out.data()));
+    return {.step = ts.applied, .generation = generation_.load(std::memory_order_relaxed)};
+  }
+
+  // The sparse optimizer step of tensor `ts`, keeping the update in `record_updates`'s log:
+  // the new values come from the optimizer's own pass where it writes an upload copy
+  // (`param_copy`), else from its parameters after the step.
+  template <class T>
+  void step_and_log(tensor_state& ts, std::int64_t step, const sparse_view<const float, const index_t>& g) {
+    update_log& log = ts.log[static_cast<std::size_t>(step % 2)];
+    log.step = param_version::nothing;  // until it is complete
+    log.indices.assign(g.indices().begin(), g.indices().end());
+    std::vector<T>& values = log.template values<T>();
+    values.resize(g.size());
+    if constexpr (requires { optimizer_.step(ts.optimizer_index, g, ex_, param_copy<T>{}); }) {
+      optimizer_.step(ts.optimizer_index, g, ex_, param_copy<T>{.values = std::span<T>(values)});
+    } else {
+      optimizer_.step(ts.optimizer_index, g, ex_);
+      const auto p = std::as_const(optimizer_).params(ts.optimizer_index);
+      for (std::size_t j = 0; j < values.size(); ++j) values[j] = from_float<T>(p[static_cast<std::size_t>(log.indices[j])]);
+    }
+    log.whole = false;
+    log.step = step;
+  }
 
   // ---------------------------------------------------------------- measurement reports
   //
@@ -1195,6 +1351,7 @@ class pipeline {
   std::vector<std::array<step_report, records_size>> peer_reports_;  // [rank][step % records_size]
   std::int64_t next_observation_ = 0;
   std::uint64_t observations_ = 0;
+  std::atomic<std::uint64_t> generation_{0};  // load_checkpoint calls (param_version::generation)
   step_measurement last_measurement_{};
   std::vector<std::jthread> exchangers_;  // last: joined first
 };

@@ -81,9 +81,9 @@ void encode_values(const V* STELLATRAIN_RESTRICT src, std::size_t n, value_encod
       if constexpr (std::is_same_v<V, float>) {
         // A plain loop over the integer rounding, which the compiler vectorizes.
         for (std::size_t i = 0; i < n; ++i) store_le<std::uint16_t>(out + 2 * i, bf16_bits_from_float(src[i]));
-        return;
+      } else {
+        for (std::size_t i = 0; i < n; ++i) store_le<std::uint16_t>(out + 2 * i, bf16(to_float(src[i])).bits());
       }
-      for (std::size_t i = 0; i < n; ++i) store_le<std::uint16_t>(out + 2 * i, bf16(to_float(src[i])).bits());
       return;
     case value_encoding::fp16: {
       std::size_t i = 0;
@@ -116,9 +116,9 @@ void decode_values(const std::byte* STELLATRAIN_RESTRICT in, std::size_t n, valu
     case value_encoding::bf16:
       if constexpr (std::is_same_v<V, float>) {
         for (std::size_t i = 0; i < n; ++i) dst[i] = float_from_bf16_bits(load_le<std::uint16_t>(in + 2 * i));
-        return;
+      } else {
+        for (std::size_t i = 0; i < n; ++i) dst[i] = from_float<V>(float_from_bf16_bits(load_le<std::uint16_t>(in + 2 * i)));
       }
-      for (std::size_t i = 0; i < n; ++i) dst[i] = from_float<V>(float_from_bf16_bits(load_le<std::uint16_t>(in + 2 * i)));
       return;
     case value_encoding::fp16: {
       std::size_t i = 0;
