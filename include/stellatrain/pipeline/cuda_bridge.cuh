@@ -36,7 +36,8 @@ struct cuda_bridge_options {
   topk_cuda_options selection{};
 };
 
-/// Connects a `pipeline` to gradients and parameters in GPU memory.
+/// Connects a `pipeline` to gradients and parameters in GPU memory. Construct it after
+/// `pipeline::start` (it sizes its buffers by the tensors and the number of ranks).
 ///
 /// Per tensor the bridge owns, allocated once at construction: the fp32 error-feedback residual
 /// on the device, the selection's device workspace and output, and a pinned host buffer of
