@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace stellatrain {
@@ -149,7 +148,7 @@ class cuda_gradient_bridge {
       STELLATRAIN_CUDA_CHECK(cudaStreamSynchronize(b.upload_stream));
       b.uploading = false;
     }
-    if (records<Param>() && b.change_capacity > 0) {
+    if (pipeline_.options().record_updates == update_record_of<Param> && b.change_capacity > 0) {
       // Staging: indices first, then values, in the pinned parameter buffer.
       auto* idx = static_cast<index_t*>(b.host_params);
       auto* val = reinterpret_cast<Param*>(idx + b.change_capacity);
@@ -202,14 +201,6 @@ class cuda_gradient_bridge {
     cudaStream_t upload_stream = nullptr;
     bool uploading = false;
   };
-
-  template <class Param>
-  bool records() const noexcept {
-    const update_record r = pipeline_.options().record_updates;
-    if constexpr (std::is_same_v<Param, float>) return r == update_record::fp32;
-    else if constexpr (std::is_same_v<Param, fp16>) return r == update_record::fp16;
-    else return r == update_record::bf16;
-  }
 
   std::size_t recorded_bytes() const noexcept {
     return pipeline_.options().record_updates == update_record::fp32 ? 4 : 2;

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <stellatrain/config.hpp>
+#include <stellatrain/core/float16.hpp>
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 namespace stellatrain {
 
@@ -21,6 +23,12 @@ enum class update_record : std::uint8_t {
   fp16 = 2,
   bf16 = 3,
 };
+
+/// The `update_record` that keeps values of type `T` (float, fp16 or bf16).
+template <class T>
+inline constexpr update_record update_record_of = std::is_same_v<T, float>  ? update_record::fp32
+                                                  : std::is_same_v<T, fp16> ? update_record::fp16
+                                                                            : update_record::bf16;
 
 /// Which parameters a copy holds: every update through `step` (-1: the initial parameters after
 /// `start`), in the pipeline's state after its `generation`-th `load_checkpoint` (a restore

@@ -431,7 +431,7 @@ class pipeline {
   param_changes copy_changes(std::size_t t, param_version held, std::span<index_t> indices, std::span<T> values) {
     static_assert(value_type<T>, "copy_changes: values are float, fp16 or bf16");
     require_started("copy_changes");
-    if (options_.record_updates != update_record_of<T>()) {
+    if (options_.record_updates != update_record_of<T>) {
       throw_error(errc::invalid_argument,
                   std::string("pipeline::copy_changes: the pipeline records ") +
                       (options_.record_updates == update_record::off ? "no updates (set pipeline_options::record_updates)"
@@ -1134,13 +1134,6 @@ class pipeline {
   }
 
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
-
-  template <class T>
-  static constexpr update_record update_record_of() noexcept {
-    if constexpr (std::is_same_v<T, float>) return update_record::fp32;
-    else if constexpr (std::is_same_v<T, fp16>) return update_record::fp16;
-    else return update_record::bf16;
-  }
 
   template <class T>
   param_version copy_params_as(std::size_t t, std::span<T> out) {
