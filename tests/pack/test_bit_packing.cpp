@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // Bit packing (vertical SIMD layout against its scalar oracle and its documented byte layout,
-// horizontal layout), varints, value conversions and the parallel checksum.
+// horizontal layout), the width search's counts and exception positions, varints, value
+// conversions and the parallel checksum.
 #include <stellatrain/core/crc32c.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 #include <stellatrain/pack/detail/bit_packing.hpp>
 #include <stellatrain/pack/detail/crc32c_combine.hpp>
+#include <stellatrain/pack/detail/index_codec.hpp>
 #include <stellatrain/pack/detail/value_codec.hpp>
 
 #include "catch.hpp"
@@ -200,6 +202,39 @@ TEST_CASE("value payloads: every value type through every encoding matches the s
   check_value_codec<bf16>();
 }
 
+TEST_CASE("gap counts and exception positions equal their scalar definitions", "[pack][bits]") {
+  std::mt19937_64 rng(17);
+  for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9}, std::size_t{100},
+                            std::size_t{256}}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      // Gaps of mixed widths, some at the extremes (0 and 2^32 - 1).
+      std::vector<std::uint32_t> d(count);
+      for (auto& x : d) {
+        const unsigned w = static_cast<unsigned>(rng() % 33);
+        x = static_cast<std::uint32_t>(rng()) & low_mask32(w);
+      }
+      if (trial == 0) d[0] = 0xffffffffu;
+      const unsigned thresholds[8] = {0, 1, 5, 7, 12, 20, 31, 3};
+      std::uint32_t counts[8];
+      count_wider<std::uint32_t, xsimd::default_arch>(d.data(), count, thresholds, 8, counts);
+      for (unsigned b = 0; b < 32; ++b) {
+        INFO("count " << count << " trial " << trial << " width " << b);
+        std::vector<std::uint8_t> expected;
+        for (std::size_t j = 0; j < count; ++j) {
+          if ((d[j] >> b) != 0) expected.push_back(static_cast<std::uint8_t>(j));
+        }
+        std::uint8_t pos[256 + 8];
+        const std::size_t found = exception_positions(d.data(), count, b, pos);
+        REQUIRE(found == expected.size());
+        CHECK(std::equal(expected.begin(), expected.end(), pos));
+        for (std::size_t i = 0; i < 8; ++i) {
+          if (thresholds[i] == b) CHECK(counts[i] == expected.size());
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("crc32c_combine and the parallel checksum equal the sequential CRC", "[pack][crc32c]") {
   std::mt19937_64 rng(9);
   std::vector<std::byte> data(3 * crc32c_parallel_grain + 12345);
@@ -213,4 +248,13 @@ TEST_CASE("crc32c_combine and the parallel checksum equal the sequential CRC", "
   inline_executor inline_ex;
   CHECK(crc32c_parallel(all, inline_ex) == crc32c(all));
   CHECK(crc32c_parallel(all.first(100), pool) == crc32c(all.first(100)));
+  // Pieces checksummed apart (empty ones included) and appended in order.
+  std::uint32_t running = crc32c(all.first(10));
+  std::size_t at = 10;
+  for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{0}, std::size_t{77777}}) {
+    running = crc32c_piece::of(all.subspan(at, length)).after(running);
+    at += length;
+  }
+  CHECK(running == crc32c(all.first(at)));
+  CHECK(crc32c_append_operator(0) == 0x80000000u);
 }

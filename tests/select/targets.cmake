@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-# The selection and compression tests again, built for AVX2 (+FMA, F16C) and for AVX-512, so
-# that their xsimd::default_arch is that instruction set and every SIMD path is checked
-# against the scalar one whatever the build's own flags. Each runs as one ctest test that
+# The selection, compression and bit-packing tests again, built for AVX2 (+FMA, F16C) and for
+# AVX-512, so that their xsimd::default_arch is that instruction set and every SIMD path is
+# checked against the scalar one whatever the build's own flags. Each runs as one ctest test that
 # exits 77 (skipped) on a CPU without the instruction set. STELLATRAIN_TEST_ISAS says which
 # are built: "host" (default: those the building CPU runs, read from /proc/cpuinfo; all where
 # that file is missing), "all", "none", or a list.
@@ -26,7 +26,8 @@ elseif(_isas STREQUAL "host")
   endif()
 endif()
 file(GLOB _isa_sources CONFIGURE_DEPENDS
-  "${CMAKE_CURRENT_SOURCE_DIR}/select/test_*.cpp" "${CMAKE_CURRENT_SOURCE_DIR}/compress/test_*.cpp")
+  "${CMAKE_CURRENT_SOURCE_DIR}/select/test_*.cpp" "${CMAKE_CURRENT_SOURCE_DIR}/compress/test_*.cpp"
+  "${CMAKE_CURRENT_SOURCE_DIR}/pack/test_bit_packing.cpp")
 set(_isa_avx2 "-mavx2;-mfma;-mf16c")
 set(_isa_avx512 "-mavx512f;-mavx512bw;-mavx512dq;-mavx512vl;-mavx2;-mfma;-mf16c")
 foreach(_isa IN LISTS _isas)

@@ -101,7 +101,8 @@ struct section_options {
 /// hold the tensor (raw_u16 needs at most 65536 elements, raw_u32 at most 2^32).
 ///
 /// Cost: linear in the indices and values, in cache-sized chunks of 16384 elements spread over
-/// `ex`; the checksum is computed in parallel pieces. Memory: the packer keeps its tables and
+/// `ex`; each chunk's task also checksums the bytes it wrote while they are in cache, and the
+/// pieces are joined in order (two hand-offs to `ex` per message: `prepare` and `write`). Memory: the packer keeps its tables and
 /// an encoding scratch between messages, so once warm (a message as large as any before) it
 /// allocates nothing. One packer is used by one thread at a time.
 ///
@@ -218,8 +219,7 @@ class message_packer {
     std::byte* const m = out.data();
     write_headers(m);
     write_payloads(m, ex);
-    const auto body = std::span<const std::byte>(m, static_cast<std::size_t>(message_bytes_ - wire::message_trailer_bytes));
-    detail::store_le<std::uint32_t>(m + body.size(), detail::crc32c_parallel(body, ex));
+    detail::store_le<std::uint32_t>(m + message_bytes_ - wire::message_trailer_bytes, message_checksum(m));
     return out.first(static_cast<std::size_t>(message_bytes_));
   }
 
@@ -464,8 +464,8 @@ class message_packer {
     }
   }
 
-  // Index and value payloads, one task per chunk (its indices, then its values, while the
-  // chunk is in cache) plus one task per 64 KiB of every bitmap.
+  // Index and value payloads, one task per chunk (its indices, then its values, then the
+  // checksums of both, while the chunk is in cache) plus one task per 64 KiB of every bitmap.
   template <executor Executor>
   void write_payloads(std::byte* m, Executor& ex) {
     tasks_.clear();
@@ -479,68 +479,97 @@ class message_packer {
         for (std::uint64_t p = 0; p < pieces; ++p) tasks_.push_back({i, p, true});
       }
     }
+    task_crcs_.resize(tasks_.size());
     ex.bulk(tasks_.size(), [&](std::size_t t) {
       const task& job = tasks_[t];
       const auto& s = sections_[job.section];
       std::byte* const payload = m + s.offset + wire::section_header_bytes;
       if (job.bitmap) {
-        write_bitmap_piece(s, payload, job.piece);
+        task_crcs_[t] = {detail::crc32c_piece::of(write_bitmap_piece(s, payload, job.piece)), {}};
         return;
       }
       const std::uint64_t begin = job.piece * wire::chunk_elements;
       const std::uint64_t count = std::min(wire::chunk_elements, s.count - begin);
-      write_index_chunk(s, payload, job.piece, begin, count);
-      std::byte* values = payload + s.index_bytes;
+      const auto indices = write_index_chunk(s, payload, job.piece, begin, count);
       const std::size_t vb = value_bytes(s.wire_values);
+      std::byte* const values = payload + s.index_bytes + begin * vb;
       detail::with_values(s, [&](const auto* v) {
-        detail::encode_values(v + begin, static_cast<std::size_t>(count), s.wire_values, values + begin * vb);
+        detail::encode_values(v + begin, static_cast<std::size_t>(count), s.wire_values, values);
       });
+      task_crcs_[t] = {detail::crc32c_piece::of(indices),
+                       detail::crc32c_piece::of({values, static_cast<std::size_t>(count * vb)})};
     });
   }
 
-  void write_index_chunk(const detail::packer_section& s, std::byte* payload, std::uint64_t c, std::uint64_t begin,
-                         std::uint64_t count) const {
-    switch (s.chosen) {
-      case index_encoding::delta_bitpacked: {
-        const auto& ch = chunks_[s.first_chunk + c];
-        std::memcpy(payload + wire::directory_bytes(s.count) + ch.data_offset,
-                    scratch_.data() + s.scratch_offset + c * chunk_stride(s), static_cast<std::size_t>(ch.bitpacked_bytes));
-        return;
+  // The CRC-32C of the message body: the headers (message, section headers, chunk
+  // directories) here, the payloads from the checksums their tasks took, appended in message
+  // order (per section: its index pieces, then its value chunks).
+  [[nodiscard]] std::uint32_t message_checksum(const std::byte* m) const {
+    std::uint32_t crc = crc32c({m, wire::message_header_bytes});
+    std::size_t t = 0;
+    for (std::size_t i = 0; i < sections_.size(); ++i) {
+      const auto& s = sections_[i];
+      std::uint64_t fixed = 0;  // payload bytes the headers wrote
+      if (s.chosen == index_encoding::random_k) fixed = wire::random_k_payload_bytes;
+      if (s.chosen == index_encoding::delta_bitpacked || s.chosen == index_encoding::delta_varint) {
+        fixed = wire::directory_bytes(s.count);
       }
-      case index_encoding::delta_varint: {
-        const auto& ch = chunks_[s.first_chunk + c];
-        detail::with_indices(s, [&](const auto* idx) {
-          const std::uint64_t base = begin == 0 ? 0 : static_cast<std::uint64_t>(idx[begin - 1]) + 1;
-          detail::encode_varint_chunk(idx + begin, static_cast<std::size_t>(count), base,
-                                      payload + wire::directory_bytes(s.count) + ch.data_offset);
-        });
-        return;
+      crc = crc32c({m + s.offset, static_cast<std::size_t>(wire::section_header_bytes + fixed)}, crc);
+      const std::size_t chunk_tasks = static_cast<std::size_t>(wire::chunk_count(s.count));
+      std::size_t end = t + chunk_tasks;
+      while (end < tasks_.size() && tasks_[end].section == i) ++end;  // its bitmap pieces
+      // Index pieces: a bitmap's pieces (after the chunk tasks), else one per chunk.
+      for (std::size_t j = s.chosen == index_encoding::bitmap ? t + chunk_tasks : t; j < end; ++j) {
+        crc = task_crcs_[j].first.after(crc);
       }
-      case index_encoding::raw_u16:
-        detail::with_indices(s, [&](const auto* idx) {
-          using I = std::remove_cv_t<std::remove_reference_t<decltype(*idx)>>;
-          detail::encode_raw<I, std::uint16_t>(idx + begin, static_cast<std::size_t>(count), payload + 2 * begin);
-        });
-        return;
-      case index_encoding::raw_u32:
-        detail::with_indices(s, [&](const auto* idx) {
-          using I = std::remove_cv_t<std::remove_reference_t<decltype(*idx)>>;
-          detail::encode_raw<I, std::uint32_t>(idx + begin, static_cast<std::size_t>(count), payload + 4 * begin);
-        });
-        return;
-      case index_encoding::raw_u64:
-        detail::with_indices(s, [&](const auto* idx) {
-          using I = std::remove_cv_t<std::remove_reference_t<decltype(*idx)>>;
-          detail::encode_raw<I, std::uint64_t>(idx + begin, static_cast<std::size_t>(count), payload + 8 * begin);
-        });
-        return;
-      case index_encoding::bitmap:
-      case index_encoding::random_k:
-      case index_encoding::automatic: return;
+      for (std::size_t j = t; j < t + chunk_tasks; ++j) crc = task_crcs_[j].second.after(crc);
+      t = end;
     }
+    return crc;
   }
 
-  static void write_bitmap_piece(const detail::packer_section& s, std::byte* bitmap, std::uint64_t piece) {
+  // Writes the index bytes of chunk c and returns them (empty for bitmap and random_k sections).
+  std::span<const std::byte> write_index_chunk(const detail::packer_section& s, std::byte* payload, std::uint64_t c,
+                                               std::uint64_t begin, std::uint64_t count) const {
+    const auto raw = [&](auto width) {
+      using W = decltype(width);
+      std::byte* const at = payload + sizeof(W) * begin;
+      detail::with_indices(s, [&](const auto* idx) {
+        using I = std::remove_cv_t<std::remove_reference_t<decltype(*idx)>>;
+        detail::encode_raw<I, W>(idx + begin, static_cast<std::size_t>(count), at);
+      });
+      return std::span<const std::byte>(at, static_cast<std::size_t>(sizeof(W) * count));
+    };
+    switch (s.chosen) {
+      case index_encoding::delta_bitpacked:
+      case index_encoding::delta_varint: {
+        const auto& ch = chunks_[s.first_chunk + c];
+        std::byte* const at = payload + wire::directory_bytes(s.count) + ch.data_offset;
+        std::uint64_t bytes = ch.bitpacked_bytes;
+        if (s.chosen == index_encoding::delta_bitpacked) {
+          std::memcpy(at, scratch_.data() + s.scratch_offset + c * chunk_stride(s), static_cast<std::size_t>(bytes));
+        } else {
+          bytes = ch.varint_bytes;
+          detail::with_indices(s, [&](const auto* idx) {
+            const std::uint64_t base = begin == 0 ? 0 : static_cast<std::uint64_t>(idx[begin - 1]) + 1;
+            detail::encode_varint_chunk(idx + begin, static_cast<std::size_t>(count), base, at);
+          });
+        }
+        return {at, static_cast<std::size_t>(bytes)};
+      }
+      case index_encoding::raw_u16: return raw(std::uint16_t{});
+      case index_encoding::raw_u32: return raw(std::uint32_t{});
+      case index_encoding::raw_u64: return raw(std::uint64_t{});
+      case index_encoding::bitmap:
+      case index_encoding::random_k:
+      case index_encoding::automatic: break;
+    }
+    return {};
+  }
+
+  // Writes piece `piece` of a bitmap and returns its bytes.
+  static std::span<const std::byte> write_bitmap_piece(const detail::packer_section& s, std::byte* bitmap,
+                                                       std::uint64_t piece) {
     const std::uint64_t total = wire::bitmap_bytes(s.dense_size);
     const std::uint64_t first = piece * detail::bitmap_piece_bytes;
     const std::uint64_t last = std::min(total, first + detail::bitmap_piece_bytes);
@@ -553,6 +582,7 @@ class message_packer {
         bitmap[x >> 3] |= static_cast<std::byte>(1u << (x & 7));
       }
     });
+    return {bitmap + first, static_cast<std::size_t>(last - first)};
   }
 
   struct task {
@@ -568,6 +598,7 @@ class message_packer {
   std::vector<detail::packer_chunk> chunks_;
   std::vector<std::uint32_t> ids_;
   std::vector<task> tasks_;
+  std::vector<std::pair<detail::crc32c_piece, detail::crc32c_piece>> task_crcs_;  // index, values
   aligned_buffer<std::byte> scratch_;
 };
 

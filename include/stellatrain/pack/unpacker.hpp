@@ -152,8 +152,14 @@ class message_unpacker {
   template <executor Executor>
   const message_info& parse(std::span<const std::byte> message, Executor& ex) {
     reset();
-    parse_header(message, ex);
-    parse_sections(message);
+    parse_header(message);
+    try {
+      parse_sections(message);
+      plan_payload_checks(message);
+    } catch (const error&) {
+      check_checksum(detail::crc32c_parallel(body_of(message), ex), message);  // corruption first
+      throw;
+    }
     validate_payloads(message, ex);
     message_ = message;
     info_.sections = sections_;
@@ -219,8 +225,8 @@ class message_unpacker {
     return buf;
   }
 
-  template <executor Executor>
-  void parse_header(std::span<const std::byte> message, Executor& ex) {
+  // Everything before the checksum: the header's fields, and the size against the limit.
+  void parse_header(std::span<const std::byte> message) {
     const std::uint64_t size = message.size();
     const std::byte* m = message.data();
     constexpr std::uint64_t minimum = wire::message_header_bytes + wire::message_trailer_bytes;
@@ -257,15 +263,20 @@ class message_unpacker {
       fail_message(errc::malformed_message, "oversized: " + std::to_string(size) + " bytes arrived, the header says " +
                                                 std::to_string(stated));
     }
-    const auto body = message.first(static_cast<std::size_t>(size - wire::message_trailer_bytes));
-    const std::uint32_t stored = detail::load_le<std::uint32_t>(m + body.size());
-    const std::uint32_t computed = detail::crc32c_parallel(body, ex);
+    info_.tag = detail::load_le<std::uint64_t>(m + wire::offset_tag);
+    info_.bytes = size;
+  }
+
+  static std::span<const std::byte> body_of(std::span<const std::byte> message) noexcept {
+    return message.first(message.size() - wire::message_trailer_bytes);
+  }
+
+  static void check_checksum(std::uint32_t computed, std::span<const std::byte> message) {
+    const std::uint32_t stored = detail::load_le<std::uint32_t>(message.data() + body_of(message).size());
     if (stored != computed) {
       fail_message(errc::checksum_mismatch, "CRC-32C " + hex(computed) + " of the message does not match the stored " +
                                                 hex(stored) + ": corrupted in transit");
     }
-    info_.tag = detail::load_le<std::uint64_t>(m + wire::offset_tag);
-    info_.bytes = size;
   }
 
   void parse_sections(std::span<const std::byte> message) {
@@ -451,8 +462,8 @@ class message_unpacker {
     }
   }
 
-  template <executor Executor>
-  void validate_payloads(std::span<const std::byte> message, Executor& ex) {
+  // Checks the chunk directories and lists the payload checks (tasks_).
+  void plan_payload_checks(std::span<const std::byte> message) {
     tasks_.clear();
     for (std::size_t i = 0; i < sections_.size(); ++i) {
       const auto& s = sections_[i];
@@ -475,9 +486,28 @@ class message_unpacker {
         case index_encoding::automatic: break;
       }
     }
+  }
+
+  // Runs the payload checks and the checksum.
+  template <executor Executor>
+  void validate_payloads(std::span<const std::byte> message, Executor& ex) {
     results_.assign(tasks_.size(), {});
     counts_.assign(tasks_.size(), 0);
-    ex.bulk(tasks_.size(), [&](std::size_t t) {
+    // The checksum's pieces run in the same hand-off as the checks (first: they are the
+    // largest tasks); the checksum is compared before any check's result is looked at, so that
+    // a corrupted message is reported as such.
+    const auto body = body_of(message);
+    const std::size_t crc_pieces =
+        std::clamp<std::size_t>(body.size() / detail::crc32c_parallel_grain, 1, 4 * ex.concurrency());
+    const std::size_t crc_piece = (body.size() + crc_pieces - 1) / crc_pieces;
+    crcs_.resize(crc_pieces);
+    ex.bulk(crc_pieces + tasks_.size(), [&](std::size_t t) {
+      if (t < crc_pieces) {
+        const std::size_t begin = std::min(body.size(), t * crc_piece);
+        crcs_[t] = detail::crc32c_piece::of(body.subspan(begin, std::min(crc_piece, body.size() - begin)));
+        return;
+      }
+      t -= crc_pieces;
       const auto& job = tasks_[t];
       const auto& s = sections_[job.section];
       const std::byte* p = payload(message, s);
@@ -487,6 +517,9 @@ class message_unpacker {
       }
       if (!validate_chunk(s, p, job.piece, results_[t].failure)) results_[t].failed = true;
     });
+    std::uint32_t crc = crcs_[0].crc;
+    for (std::size_t i = 1; i < crc_pieces; ++i) crc = crcs_[i].after(crc);
+    check_checksum(crc, message);
     std::uint64_t bits = 0;
     for (std::size_t t = 0; t < tasks_.size(); ++t) {
       const auto& job = tasks_[t];
@@ -673,6 +706,7 @@ class message_unpacker {
   std::span<const std::byte> message_{};
   std::vector<detail::unpack_task> tasks_;
   std::vector<detail::unpack_result> results_;
+  std::vector<detail::crc32c_piece> crcs_;
   std::vector<std::uint64_t> counts_;
   aligned_buffer<std::uint64_t> workspace_;
 };

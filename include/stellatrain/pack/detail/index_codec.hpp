@@ -102,6 +102,27 @@ template <std::size_t K, class I, class Arch>
 void count_wider_fixed(const I* d, std::size_t count, const unsigned* t, std::uint32_t* counts) noexcept {
   std::size_t j = 0;
   for (std::size_t i = 0; i < K; ++i) counts[i] = 0;
+#if defined(__AVX2__)
+  if constexpr (sizeof(I) == 4) {
+    // A compare gives -1 per wider gap: subtracting it counts (two instructions per threshold).
+    const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+    __m256i limit[K];
+    __m256i acc[K];
+    for (std::size_t i = 0; i < K; ++i) {
+      limit[i] = _mm256_set1_epi32(static_cast<int>(low_mask32(t[i]) ^ 0x80000000u));
+      acc[i] = _mm256_setzero_si256();
+    }
+    for (; j + 8 <= count; j += 8) {
+      const __m256i v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + j)), sign);
+      for (std::size_t i = 0; i < K; ++i) acc[i] = _mm256_sub_epi32(acc[i], _mm256_cmpgt_epi32(v, limit[i]));
+    }
+    for (std::size_t i = 0; i < K; ++i) {
+      const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc[i]), _mm256_extracti128_si256(acc[i], 1));
+      const __m128i q = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+      counts[i] = static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1))));
+    }
+  } else
+#endif
   if constexpr (sizeof(I) == 4 && vertical_simd<Arch>) {
     using batch = xsimd::batch<std::uint32_t, Arch>;
     constexpr std::size_t width = batch::size;
@@ -143,14 +164,40 @@ void count_wider(const I* d, std::size_t count, const unsigned* t, std::size_t k
   }
 }
 
+// Byte j of entry m: the position of the j-th set bit of the 8-bit mask m (0 past its
+// popcount), so that the set bits of a compare mask become positions with one load.
+struct set_bit_positions {
+  std::uint64_t bytes[256];
+};
+
+constexpr set_bit_positions make_set_bit_positions() noexcept {
+  set_bit_positions t{};
+  for (unsigned m = 0; m < 256; ++m) {
+    unsigned j = 0;
+    for (unsigned bit = 0; bit < 8; ++bit) {
+      if (m & (1u << bit)) t.bytes[m] |= std::uint64_t{bit} << (8 * j++);
+    }
+  }
+  return t;
+}
+
+inline constexpr set_bit_positions set_bit_position_table = make_set_bit_positions();
+
 // Writes the block-relative positions of the gaps wider than b bits to pos (ascending) and
-// returns how many there are. x86: a compare and a movemask per vector, then the set bits of
-// the mask; elsewhere a branch-free scalar loop. (Branching per gap would mispredict on every
-// exception.)
+// returns how many there are; pos needs 8 bytes of room past the last position. x86: a compare
+// and a movemask per vector of 8 (or 4) gaps, whose positions come from a table and are stored
+// 8 bytes at a time; elsewhere a branch-free scalar loop. (Branching per gap or per vector
+// would mispredict whenever exceptions are scattered.)
 template <class I>
 std::size_t exception_positions(const I* d, std::size_t count, unsigned b, std::uint8_t* pos) noexcept {
   std::size_t q = 0;
   std::size_t j = 0;
+  // Adds j to every byte of a table entry (j + 7 < 256: no carries between bytes).
+  const auto store_positions = [&](unsigned m) {
+    const std::uint64_t packed = set_bit_position_table.bytes[m] + j * 0x0101010101010101ull;
+    store_le<std::uint64_t>(reinterpret_cast<std::byte*>(pos + q), packed);
+    q += static_cast<std::size_t>(std::popcount(m));
+  };
 #if defined(__AVX2__) || defined(__SSE2__)
   if constexpr (sizeof(I) == 4) {
     // Unsigned d > 2^b - 1, as a signed compare after flipping the sign bits.
@@ -160,26 +207,19 @@ std::size_t exception_positions(const I* d, std::size_t count, unsigned b, std::
     const __m256i lim = _mm256_set1_epi32(static_cast<int>(limit));
     for (; j + 8 <= count; j += 8) {
       const __m256i v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + j)), sign);
-      auto m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(v, lim))));
-      while (m != 0) {
-        pos[q++] = static_cast<std::uint8_t>(j + static_cast<std::size_t>(std::countr_zero(m)));
-        m &= m - 1;
-      }
+      store_positions(static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(v, lim)))));
     }
 #else
     const __m128i sign = _mm_set1_epi32(static_cast<int>(0x80000000u));
     const __m128i lim = _mm_set1_epi32(static_cast<int>(limit));
     for (; j + 4 <= count; j += 4) {
       const __m128i v = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + j)), sign);
-      auto m = static_cast<unsigned>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(v, lim))));
-      while (m != 0) {
-        pos[q++] = static_cast<std::uint8_t>(j + static_cast<std::size_t>(std::countr_zero(m)));
-        m &= m - 1;
-      }
+      store_positions(static_cast<unsigned>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(v, lim)))));
     }
 #endif
   }
 #endif
+  (void)store_positions;
   for (; j < count; ++j) {
     pos[q] = static_cast<std::uint8_t>(j);
     q += (static_cast<std::uint64_t>(d[j]) >> b) != 0 ? 1 : 0;
@@ -273,10 +313,11 @@ std::size_t encode_block(const I* d, std::size_t count, I any, std::uint64_t gap
   }
   p += block_low_bytes(count, b);
   if (exceptions != 0 && b < gap_bits) {
-    auto* positions = reinterpret_cast<std::uint8_t*>(p);
+    std::uint8_t positions[wire::block_elements + 8];
     const std::size_t found = exception_positions(d, count, b, positions);
     STELLATRAIN_ASSERT(found == exceptions, "exception count");
     (void)found;
+    std::memcpy(p, positions, exceptions);
     std::byte* high = p + exceptions;
     for (std::size_t q = 0; q < exceptions; ++q) high = write_varint(high, static_cast<std::uint64_t>(d[positions[q]]) >> b);
     p = high;
