@@ -102,9 +102,10 @@ struct section_options {
 ///
 /// Cost: linear in the indices and values, in cache-sized chunks of 16384 elements spread over
 /// `ex`; each chunk's task also checksums the bytes it wrote while they are in cache, and the
-/// pieces are joined in order (two hand-offs to `ex` per message: `prepare` and `write`). Memory: the packer keeps its tables and
-/// an encoding scratch between messages, so once warm (a message as large as any before) it
-/// allocates nothing. One packer is used by one thread at a time.
+/// pieces are joined in order (two hand-offs to `ex` per message: `prepare` and `write`).
+/// Memory: the packer keeps its tables and an encoding scratch between messages, so once warm
+/// (a message as large as any before) it allocates nothing. One packer is used by one thread
+/// at a time.
 ///
 /// \code
 ///   stellatrain::message_packer packer;
@@ -518,10 +519,8 @@ class message_packer {
       const std::size_t chunk_tasks = static_cast<std::size_t>(wire::chunk_count(s.count));
       std::size_t end = t + chunk_tasks;
       while (end < tasks_.size() && tasks_[end].section == i) ++end;  // its bitmap pieces
-      // Index pieces: a bitmap's pieces (after the chunk tasks), else one per chunk.
-      for (std::size_t j = s.chosen == index_encoding::bitmap ? t + chunk_tasks : t; j < end; ++j) {
-        crc = task_crcs_[j].first.after(crc);
-      }
+      // Index pieces: one per chunk, or (empty for the chunks) the bitmap's pieces.
+      for (std::size_t j = t; j < end; ++j) crc = task_crcs_[j].first.after(crc);
       for (std::size_t j = t; j < t + chunk_tasks; ++j) crc = task_crcs_[j].second.after(crc);
       t = end;
     }

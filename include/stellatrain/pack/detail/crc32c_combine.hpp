@@ -55,7 +55,7 @@ inline constexpr crc32c_zero_powers crc32c_zero_power_table = make_crc32c_zero_p
 
 /// The checksum of one byte range computed on a worker, ready to be appended in order.
 struct crc32c_piece {
-  std::uint32_t crc = 0;                 ///< crc32c of the range (0 for an empty one)
+  std::uint32_t crc = 0;                        ///< crc32c of the range (0 for an empty one)
   std::uint32_t append_operator = 0x80000000u;  ///< crc32c_append_operator of its length
 
   static crc32c_piece of(std::span<const std::byte> bytes) noexcept {
