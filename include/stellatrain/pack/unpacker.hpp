@@ -497,17 +497,14 @@ class message_unpacker {
     // largest tasks); the checksum is compared before any check's result is looked at, so that
     // a corrupted message is reported as such.
     const auto body = body_of(message);
-    const std::size_t crc_pieces =
-        std::clamp<std::size_t>(body.size() / detail::crc32c_parallel_grain, 1, 4 * ex.concurrency());
-    const std::size_t crc_piece = (body.size() + crc_pieces - 1) / crc_pieces;
-    crcs_.resize(crc_pieces);
-    ex.bulk(crc_pieces + tasks_.size(), [&](std::size_t t) {
-      if (t < crc_pieces) {
-        const std::size_t begin = std::min(body.size(), t * crc_piece);
-        crcs_[t] = detail::crc32c_piece::of(body.subspan(begin, std::min(crc_piece, body.size() - begin)));
+    const detail::crc32c_split split(body.size(), ex.concurrency());
+    crcs_.resize(split.pieces);
+    ex.bulk(split.pieces + tasks_.size(), [&](std::size_t t) {
+      if (t < split.pieces) {
+        crcs_[t] = detail::crc32c_piece::of(split.piece(body, t));
         return;
       }
-      t -= crc_pieces;
+      t -= split.pieces;
       const auto& job = tasks_[t];
       const auto& s = sections_[job.section];
       const std::byte* p = payload(message, s);
@@ -517,9 +514,7 @@ class message_unpacker {
       }
       if (!validate_chunk(s, p, job.piece, results_[t].failure)) results_[t].failed = true;
     });
-    std::uint32_t crc = crcs_[0].crc;
-    for (std::size_t i = 1; i < crc_pieces; ++i) crc = crcs_[i].after(crc);
-    check_checksum(crc, message);
+    check_checksum(detail::crc32c_join(crcs_), message);
     std::uint64_t bits = 0;
     for (std::size_t t = 0; t < tasks_.size(); ++t) {
       const auto& job = tasks_[t];

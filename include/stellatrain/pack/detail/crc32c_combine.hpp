@@ -70,24 +70,39 @@ struct crc32c_piece {
 // Pieces below this size are checksummed on one thread: the hand-off would cost more.
 inline constexpr std::size_t crc32c_parallel_grain = std::size_t{256} << 10;
 
-/// crc32c(data) computed in up to ex.concurrency() (at most 16) pieces in parallel.
+/// How a byte range is cut for checksumming on `concurrency` threads: up to that many (at most
+/// 16) equal pieces of at least `crc32c_parallel_grain` bytes, one piece when it is smaller.
+struct crc32c_split {
+  std::size_t pieces = 1;
+  std::size_t piece_bytes = 0;
+
+  crc32c_split(std::size_t bytes, std::size_t concurrency) noexcept
+      : pieces(std::clamp<std::size_t>(std::min(concurrency, bytes / crc32c_parallel_grain), 1, 16)),
+        piece_bytes((bytes + pieces - 1) / pieces) {}
+
+  /// Piece i of `data` (the range that was split).
+  [[nodiscard]] std::span<const std::byte> piece(std::span<const std::byte> data, std::size_t i) const noexcept {
+    const std::size_t begin = std::min(data.size(), i * piece_bytes);
+    return data.subspan(begin, std::min(piece_bytes, data.size() - begin));
+  }
+};
+
+/// The CRC-32C of consecutive pieces, from their checksums in order.
+[[nodiscard]] inline std::uint32_t crc32c_join(std::span<const crc32c_piece> pieces) noexcept {
+  std::uint32_t crc = 0;  // the CRC of no bytes
+  for (const auto& p : pieces) crc = p.after(crc);
+  return crc;
+}
+
+/// crc32c(data) computed in the pieces of `crc32c_split(data.size(), ex.concurrency())` in
+/// parallel.
 template <executor Executor>
 [[nodiscard]] std::uint32_t crc32c_parallel(std::span<const std::byte> data, Executor& ex) {
-  const std::size_t pieces =
-      std::clamp<std::size_t>(std::min<std::size_t>(ex.concurrency(), data.size() / crc32c_parallel_grain), 1, 16);
-  if (pieces == 1) return crc32c(data);
-  std::array<std::uint32_t, 16> part{};
-  const std::size_t piece = (data.size() + pieces - 1) / pieces;
-  ex.bulk(pieces, [&](std::size_t i) {
-    const std::size_t begin = std::min(data.size(), i * piece);
-    part[i] = crc32c(data.subspan(begin, std::min(piece, data.size() - begin)));
-  });
-  std::uint32_t crc = part[0];
-  for (std::size_t i = 1; i < pieces; ++i) {
-    const std::size_t begin = std::min(data.size(), i * piece);
-    crc = crc32c_combine(crc, part[i], std::min(piece, data.size() - begin));
-  }
-  return crc;
+  const crc32c_split split(data.size(), ex.concurrency());
+  if (split.pieces == 1) return crc32c(data);
+  std::array<crc32c_piece, 16> part{};
+  ex.bulk(split.pieces, [&](std::size_t i) { part[i] = crc32c_piece::of(split.piece(data, i)); });
+  return crc32c_join(std::span<const crc32c_piece>(part.data(), split.pieces));
 }
 
 }  // namespace stellatrain::detail
