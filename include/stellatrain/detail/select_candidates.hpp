@@ -116,28 +116,6 @@ inline constexpr std::uint64_t pass_block_vectors = 64;
 // while the loop spends more instructions per line than a plain read.
 inline constexpr std::uint64_t prefetch_bytes = 2048;
 
-// Bit j set where byte j of `w` is non-zero.
-[[nodiscard]] constexpr std::uint64_t nonzero_bytes(std::uint64_t w) noexcept {
-  const std::uint64_t high = (((w & 0x7f7f7f7f7f7f7f7full) + 0x7f7f7f7f7f7f7f7full) | w) & 0x8080808080808080ull;
-  return (high * 0x0002040810204081ull) >> 56;
-}
-
-// Bit j set where masks[j] is non-zero (j < count; masks padded with zeros to a multiple of 8).
-template <class Mask>
-[[nodiscard]] inline std::uint64_t nonzero_map(const Mask* masks, std::uint64_t count) noexcept {
-  std::uint64_t map = 0;
-  if constexpr (sizeof(Mask) == 1) {
-    for (std::uint64_t w = 0; w * 8 < count; ++w) {
-      std::uint64_t word;
-      std::memcpy(&word, masks + 8 * w, 8);
-      map |= nonzero_bytes(word) << (8 * w);
-    }
-  } else {
-    for (std::uint64_t j = 0; j < count; ++j) map |= static_cast<std::uint64_t>(masks[j] != 0) << j;
-  }
-  return map;
-}
-
 /// One pass over `n` elements of `src`: stores every element whose magnitude key is at least
 /// `low_key` (offset in chunk and raw bits), grouped in segments sorted by position; with
 /// `Counters` > 0 also estimates how many elements reach `count_keys[j]`.
@@ -213,6 +191,9 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
       ibatch acc1(0);
       ibatch top(0);
       alignas(64) mask_type masks[pass_block_vectors];
+      // Bit j: masks[j] is not zero. Kept in a register as the masks are made: reading the
+      // stored masks back as wider words would wait for the narrow stores to reach the cache.
+      std::uint64_t map = 0;
       // Phase 1 for vector j of the block: its comparison mask, a prefetch once per line, and
       // the counters on the first 32 of every 128 elements. With `Known`, `Q` is the vector's
       // place in its 128 elements at compile time (full blocks, unrolled: no branch left);
@@ -225,7 +206,9 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
           src.prefetch(p + ahead);
         }
         const ibatch key = src.template load<Arch>(p) & kmask;
-        masks[j] = static_cast<mask_type>(ops::mask_bits(key > low));
+        const auto lanes = ops::mask_bits(key > low);
+        masks[j] = static_cast<mask_type>(lanes);
+        map |= static_cast<std::uint64_t>(lanes != 0) << j;
         if constexpr (Counters > 0) {
           if (Known ? Q < counted_vectors : (p - b) % 128 < 32) {
             ops::count_into(acc0, key > edge0);
@@ -235,6 +218,7 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
       };
       while (i + w <= e) {
         const std::uint64_t nv = std::min(pass_block_vectors, (e - i) / w);
+        map = 0;
         if (nv == pass_block_vectors) {
           // A full block, unrolled 128 elements at a time: no per-vector branch (prefetch
           // once per line, the counters on the first quarter of each 128). Blocks start a
@@ -248,8 +232,7 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
         } else {
           for (std::uint64_t j = 0; j < nv; ++j) scan.template operator()<false, 0>(j);
         }
-        for (std::uint64_t j = nv; j % 8 != 0; ++j) masks[j] = 0;
-        for (std::uint64_t map = nonzero_map(masks, nv); map != 0; map &= map - 1) {
+        for (; map != 0; map &= map - 1) {
           const auto j = static_cast<std::uint64_t>(std::countr_zero(map));
           const std::uint64_t p = i + j * w;
           const ibatch lane = ops::iota() + ibatch(static_cast<std::int32_t>(p - b));
