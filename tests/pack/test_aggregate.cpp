@@ -8,9 +8,11 @@
 #include "catch.hpp"
 #include "support.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <map>
+#include <random>
 #include <vector>
 
 using namespace stellatrain;
@@ -93,14 +95,40 @@ TEST_CASE("merge: equals the reference for 1..9 inputs, densities and windows", 
   }
 }
 
+TEST_CASE("merge: dense and sparse stretches in one merge", "[pack][aggregate]") {
+  // Dense clusters between long sparse stretches: consecutive windows alternate between
+  // many pairs and a few, and the merge counts them in different ways.
+  inline_executor one;
+  thread_pool pool(2);
+  const std::uint64_t n = 1000003;
+  std::vector<test::selection<std::uint32_t>> s;
+  for (std::uint32_t r = 0; r < 3; ++r) {
+    const auto sparse = random_selection<std::uint32_t>(n, 60 + r, 7 * r + 1);
+    test::selection<std::uint32_t> mixed;
+    mixed.n = n;
+    std::mt19937_64 rng(r);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const bool in_cluster = (i / 20000) % 7 == r;  // 20000-index clusters, other places per input
+      const bool chosen = in_cluster ? rng() % 3 == 0 : std::binary_search(sparse.indices.begin(), sparse.indices.end(), i);
+      if (chosen) {
+        mixed.indices.push_back(static_cast<std::uint32_t>(i));
+        mixed.values.push_back(static_cast<float>(rng() % 1000) / 8.0f - 60.0f);
+      }
+    }
+    s.push_back(mixed);
+  }
+  check_merge(views(s), reduction::sum, one);
+  check_merge(views(s), reduction::mean, pool);
+}
+
 TEST_CASE("merge: window and tensor edges, empty inputs, identical inputs", "[pack][aggregate]") {
   thread_pool pool(2);
   test::selection<std::uint32_t> a, b, empty;
-  a.n = b.n = empty.n = 20000;
-  a.indices = {0, 1, 4095, 4096, 4097, 8191, 12288, 19999};
-  b.indices = {1, 2, 4095, 8192, 19998, 19999};
-  a.values = {1, 2, 3, 4, 5, 6, 7, 8};
-  b.values = {-2, 1, 1, 1, 1, 1};
+  a.n = b.n = empty.n = 40000;
+  a.indices = {0, 1, 4095, 4096, 4097, 8191, 12288, 16383, 16384, 32768, 39999};
+  b.indices = {1, 2, 4095, 8192, 16383, 16385, 32767, 32768, 39998, 39999};
+  a.values = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  b.values = {-2, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   check_merge(views(std::vector{a, b}), reduction::sum, pool);
   check_merge(views(std::vector{a, empty, b}), reduction::mean, pool);
   check_merge(views(std::vector{empty, empty}), reduction::sum, pool);
@@ -110,7 +138,7 @@ TEST_CASE("merge: window and tensor edges, empty inputs, identical inputs", "[pa
   sparse_merger m;
   const std::vector<test::selection<std::uint32_t>> only_a = {a};
   const auto in = views(only_a);
-  sparse_buffer<float> out(0, 8);
+  sparse_buffer<float> out(0, a.indices.size());
   m.merge<float, std::uint32_t>(in, out, reduction::sum, pool);
   CHECK(std::bit_cast<std::uint32_t>(out.values()[0]) == 0x80000000u);
   CHECK(std::vector<float>(out.values().begin() + 1, out.values().end()) ==

@@ -61,8 +61,8 @@ struct aggregate_options {
 
 namespace detail {
 
-// Indices per merge window: its marks (4 KiB), masks and counts stay in L1.
-inline constexpr std::uint64_t merge_window = 4096;
+// Indices per merge window: its masks (2 KiB) and counts (1 KiB) stay in L1.
+inline constexpr std::uint64_t merge_window = 16384;
 // Elements per dense scatter piece (256 KiB of floats: L2-resident while the inputs stream).
 inline constexpr std::uint64_t scatter_piece = std::uint64_t{1} << 16;
 
@@ -80,50 +80,24 @@ STELLATRAIN_FORCE_INLINE std::uint64_t below_bit(std::uint64_t m, std::uint32_t 
 #endif
 }
 
-// Bit j of the result: byte j of the 64 bytes at p is not zero (the bytes are 0 or 1).
-STELLATRAIN_FORCE_INLINE std::uint64_t nonzero_byte_mask64(const std::uint8_t* p) noexcept {
-#if defined(__AVX2__)
-  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
-  return static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(a, 7))) |
-         (static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(b, 7)))) << 32);
-#elif defined(__SSE2__)
-  std::uint64_t m = 0;
-  for (int i = 0; i < 4; ++i) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i));
-    m |= static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_slli_epi16(v, 7)))) << (16 * i);
-  }
-  return m;
-#else
-  // Gathers the low bit of eight 0/1 bytes into one byte with a multiply.
-  std::uint64_t m = 0;
-  for (int i = 0; i < 8; ++i) {
-    std::uint64_t x;
-    std::memcpy(&x, p + 8 * i, 8);
-    if constexpr (std::endian::native == std::endian::big) x = __builtin_bswap64(x);
-    m |= ((x * 0x0102040810204080ull) >> 56) << (8 * i);
-  }
-  return m;
-#endif
-}
-
 // Merges the parts [heads[w], end[w]) of every input into out (sorted, duplicates summed,
 // times `scale`); returns how many pairs it wrote. The index range is walked in windows of
-// merge_window indices. Per window, pass 1 marks the offsets the inputs touch (one byte each,
-// plus one summary bit per 64 offsets); the marks become 64-bit masks and running counts, so
-// that every offset's rank in the window's union is a popcount; pass 2 writes each pair to its
-// rank and adds its value there. No comparisons between inputs, no data-dependent branches
-// per pair, and the window's state (4 KiB of marks, 1 KiB of masks and counts) stays in L1.
-// Throws if an input steps below the current window (not sorted) or the result reaches the
-// tensor size.
+// merge_window indices. Per window, pass 1 sets one bit per offset the inputs touch; a running
+// count of the bits per 64 offsets (over the touched words only, when the window holds few
+// pairs) makes every offset's rank in the window's union a popcount; pass 2 writes each pair
+// to its rank and adds its value there. No comparisons between inputs, no data-dependent
+// branches per pair, and the window's state (2 KiB of bits, 1 KiB of counts) stays in L1.
+// (Bits rather than byte marks: byte marks had to be read back as words right after they were
+// stored, which waits for the stores to reach the cache.) Throws if an input steps below the
+// current window (not sorted) or the result reaches the tensor size.
 template <class V, class I>
 std::uint64_t merge_part(std::span<const sparse_view<const V, const I>> inputs, std::uint64_t* heads,
                          const std::uint64_t* end, std::uint64_t* stops, std::uint64_t dense_size, float scale,
                          I* out_idx, float* out_val) {
-  alignas(64) std::uint8_t marks[merge_window];
-  std::uint64_t masks[merge_window / 64];
-  std::uint32_t before[merge_window / 64];
-  std::memset(marks, 0, sizeof marks);
+  constexpr std::uint64_t words = merge_window / 64;
+  alignas(64) std::uint64_t masks[words];
+  std::uint32_t before[words];
+  std::memset(masks, 0, sizeof masks);
   const std::size_t w_count = inputs.size();
   std::uint64_t written = 0;
   for (;;) {
@@ -138,8 +112,7 @@ std::uint64_t merge_part(std::span<const sparse_view<const V, const I>> inputs, 
     if (!any) break;
     const std::uint64_t base = lowest & ~(merge_window - 1);
     const std::uint64_t limit = base + merge_window;
-    std::uint64_t summary = 0;  // bit q: offsets [64q, 64q + 64) hold a mark
-    std::uint64_t spread = 0;   // OR of the offsets: >= merge_window iff one lies outside
+    std::uint64_t spread = 0;  // OR of the offsets: >= merge_window iff one lies outside
     for (std::size_t w = 0; w < w_count; ++w) {
       const I* idx = inputs[w].indices().data();
       std::uint64_t h = heads[w];
@@ -150,23 +123,41 @@ std::uint64_t merge_part(std::span<const sparse_view<const V, const I>> inputs, 
         const std::uint64_t off = x - base;
         spread |= off;
         const std::uint64_t o = off & (merge_window - 1);
-        marks[o] = 1;
-        summary |= std::uint64_t{1} << (o >> 6);
+        masks[o >> 6] |= std::uint64_t{1} << (o & 63);
       }
       stops[w] = h;
     }
     if (spread >= merge_window) [[unlikely]] {
       throw_error(errc::invalid_argument, "merge: an input is not sorted: an index lies below one before it");
     }
+    // The running counts: over every word when the window holds many pairs; over the words
+    // its pairs touch (found by walking them again) when it holds few, so that a sparse
+    // merge does not pay for the whole window.
+    std::uint64_t pairs = 0;
+    for (std::size_t w = 0; w < w_count; ++w) pairs += stops[w] - heads[w];
+    const bool sparse = pairs < words / 8;
+    std::uint64_t touched[words / 64] = {};  // bit q: word q holds a pair (sparse windows)
     std::uint32_t count = 0;
-    while (summary != 0) {
-      const auto q = static_cast<std::size_t>(std::countr_zero(summary));
-      summary &= summary - 1;
-      const std::uint64_t m = nonzero_byte_mask64(marks + 64 * q);
-      std::memset(marks + 64 * q, 0, 64);
-      masks[q] = m;
-      before[q] = count;
-      count += static_cast<std::uint32_t>(std::popcount(m));
+    if (sparse) {
+      for (std::size_t w = 0; w < w_count; ++w) {
+        const I* idx = inputs[w].indices().data();
+        for (std::uint64_t h = heads[w]; h < stops[w]; ++h) {
+          const std::uint64_t q = ((static_cast<std::uint64_t>(idx[h]) - base) & (merge_window - 1)) >> 6;
+          touched[q >> 6] |= std::uint64_t{1} << (q & 63);
+        }
+      }
+      for (std::uint64_t t = 0; t < words / 64; ++t) {
+        for (std::uint64_t bits = touched[t]; bits != 0; bits &= bits - 1) {
+          const std::uint64_t q = 64 * t + static_cast<std::uint64_t>(std::countr_zero(bits));
+          before[q] = count;
+          count += static_cast<std::uint32_t>(std::popcount(masks[q]));
+        }
+      }
+    } else {
+      for (std::uint64_t q = 0; q < words; ++q) {
+        before[q] = count;
+        count += static_cast<std::uint32_t>(std::popcount(masks[q]));
+      }
     }
     I* oi = out_idx + written;
     float* ov = out_val + written;
@@ -185,6 +176,13 @@ std::uint64_t merge_part(std::span<const sparse_view<const V, const I>> inputs, 
         ov[rank] += value_as_float(val[h]);
       }
       heads[w] = stops[w];
+    }
+    if (sparse) {
+      for (std::uint64_t t = 0; t < words / 64; ++t) {
+        for (std::uint64_t bits = touched[t]; bits != 0; bits &= bits - 1) masks[64 * t + std::countr_zero(bits)] = 0;
+      }
+    } else {
+      std::memset(masks, 0, sizeof masks);
     }
     if (scale != 1.0f) {
       for (std::uint32_t j = 0; j < count; ++j) ov[j] *= scale;
@@ -208,7 +206,7 @@ std::uint64_t merge_part(std::span<const sparse_view<const V, const I>> inputs, 
 /// are summed in float, in input order (so the result does not depend on the thread count).
 ///
 /// - `merge`: a k-way merge into `out` (sorted, strictly ascending, duplicates summed). The
-///   index range is cut into windows of 4096 indices; in each, the union of the inputs is marked
+///   index range is cut into windows of 16384 indices; in each, the union of the inputs is marked
 ///   in L1 and every pair written straight to its rank, so the cost is linear in the input pairs
 ///   (not in the tensor size, and not times log W). Threaded: the range is split at quantiles
 ///   of the largest input.
