@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Bit packing (vertical SIMD layout against its scalar oracle and its documented byte layout,
-// horizontal layout), the width search's counts and exception positions, varints, value
-// conversions and the parallel checksum.
+// horizontal layout, indices from gaps), the width search's counts and exception positions,
+// varints, value conversions and the parallel checksum.
 #include <stellatrain/core/crc32c.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 #include <stellatrain/pack/detail/bit_packing.hpp>
@@ -73,6 +73,27 @@ TEST_CASE("vertical packing follows the documented layout", "[pack][bits]") {
       got |= ((std::to_integer<std::uint32_t>(out[byte]) >> (bit % 8)) & 1u) << k;
     }
     REQUIRE(got == v[j]);
+  }
+}
+
+TEST_CASE("indices from gaps equal the running sum, wrapping in 32 bits", "[pack][bits]") {
+  // out[j] = start + (g[0] + 1) + ... + (g[j] + 1) - 1: every count (the SIMD groups and the
+  // scalar tail), small and wrapping values.
+  for (unsigned b : {0u, 5u, 31u, 32u}) {
+    for (std::size_t count : {1u, 3u, 4u, 7u, 8u, 9u, 17u, 255u, 256u}) {
+      INFO("width " << b << " count " << count);
+      const auto g = random_values(256, b, 10 * b + count);
+      for (std::uint32_t start : {0u, 12345u, 0xfffffff0u}) {
+        std::vector<std::uint32_t> out(count, 7);
+        store_indices_u32<xsimd::default_arch>(g.data(), count, start, out.data());
+        std::uint32_t expect = start;
+        for (std::size_t j = 0; j < count; ++j) {
+          expect += g[j];
+          if (out[j] != expect) FAIL("position " << j << ": " << out[j] << " != " << expect);
+          ++expect;
+        }
+      }
+    }
   }
 }
 

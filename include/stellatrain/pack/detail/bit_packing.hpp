@@ -208,7 +208,7 @@ void unpack_vertical(const std::byte* in, unsigned b, std::uint32_t* v) noexcept
 
 // out[j] = start + (g[0] + 1) + ... + (g[j] + 1) - 1 for j < count, in 32-bit arithmetic: the
 // indices of a block from its gaps. Eight (or four) at a time: an in-register prefix sum by
-// three (two) shifted adds, plus the running total broadcast from the previous group.
+// three (two) shifted adds, plus the running total of the previous groups.
 template <class Arch>
 void store_indices_u32(const std::uint32_t* g, std::size_t count, std::uint32_t start, std::uint32_t* out) noexcept {
   using batch = xsimd::batch<std::uint32_t, Arch>;
@@ -241,9 +241,11 @@ void store_indices_u32(const std::uint32_t* g, std::size_t count, std::uint32_t 
     const batch one(1u);
     batch carry(start - 1u);
     for (; j + width <= count; j += width) {
-      const batch x = step(batch::load_unaligned(g + j) + one) + carry;
-      x.store_unaligned(out + j);
-      carry = last_lane(x);
+      // The group's own total is broadcast off the chain from one group to the next, which
+      // is then a single add (not an add and a lane broadcast).
+      const batch s = step(batch::load_unaligned(g + j) + one);
+      (s + carry).store_unaligned(out + j);
+      carry = carry + last_lane(s);
     }
     if (j > 0) start = out[j - 1] + 1u;
   }
