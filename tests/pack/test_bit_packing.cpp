@@ -277,5 +277,5 @@ TEST_CASE("crc32c_combine and the parallel checksum equal the sequential CRC", "
     at += length;
   }
   CHECK(running == crc32c(all.first(at)));
-  CHECK(crc32c_append_operator(0) == 0x80000000u);
+  CHECK(crc32c_zeros_operator(0) == 0x80000000u);
 }

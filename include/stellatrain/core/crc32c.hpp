@@ -36,16 +36,27 @@ constexpr std::uint32_t crc32c_multiply(std::uint32_t a, std::uint32_t b) noexce
   return product;
 }
 
+// x^(8 * 2^i) mod P(x) for i = 0..63: the operators "feed 2^i zero bytes".
+struct crc32c_zero_powers {
+  std::uint32_t power[64];
+};
+
+constexpr crc32c_zero_powers make_crc32c_zero_powers() noexcept {
+  crc32c_zero_powers t{};
+  t.power[0] = 0x00800000u;  // x^8: one zero byte
+  for (int i = 1; i < 64; ++i) t.power[i] = crc32c_multiply(t.power[i - 1], t.power[i - 1]);
+  return t;
+}
+
+inline constexpr crc32c_zero_powers crc32c_zero_power_table = make_crc32c_zero_powers();
+
 // x^(8 * bytes) mod P(x): multiplying a CRC register by it is the same as feeding it `bytes`
-// zero bytes. Square-and-multiply over the bits of 8 * bytes (64 bits is plenty: a shift by
-// 2^61 bytes is the most any span can ask for).
+// zero bytes. One multiplication per set bit of `bytes`, from the table of powers (64 bits is
+// plenty: a shift by 2^61 bytes is the most any span can ask for).
 constexpr std::uint32_t crc32c_zeros_operator(std::uint64_t bytes) noexcept {
   std::uint32_t result = 0x80000000u;  // x^0
-  std::uint32_t square = 0x00800000u;  // x^8: one zero byte
-  while (bytes != 0) {
-    if (bytes & 1u) result = crc32c_multiply(result, square);
-    square = crc32c_multiply(square, square);
-    bytes >>= 1;
+  for (int i = 0; bytes != 0; ++i, bytes >>= 1) {
+    if (bytes & 1u) result = crc32c_multiply(result, crc32c_zero_power_table.power[i]);
   }
   return result;
 }

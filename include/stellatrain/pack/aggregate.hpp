@@ -137,6 +137,13 @@ std::uint64_t merge_part(std::span<const sparse_view<const V, const I>> inputs, 
     for (std::size_t w = 0; w < w_count; ++w) pairs += stops[w] - heads[w];
     const bool sparse = pairs < words / 8;
     std::uint64_t touched[words / 64] = {};  // bit q: word q holds a pair (sparse windows)
+    auto for_each_touched = [&](auto&& fn) {
+      for (std::uint64_t t = 0; t < words / 64; ++t) {
+        for (std::uint64_t bits = touched[t]; bits != 0; bits &= bits - 1) {
+          fn(64 * t + static_cast<std::uint64_t>(std::countr_zero(bits)));
+        }
+      }
+    };
     std::uint32_t count = 0;
     if (sparse) {
       for (std::size_t w = 0; w < w_count; ++w) {
@@ -146,13 +153,10 @@ std::uint64_t merge_part(std::span<const sparse_view<const V, const I>> inputs, 
           touched[q >> 6] |= std::uint64_t{1} << (q & 63);
         }
       }
-      for (std::uint64_t t = 0; t < words / 64; ++t) {
-        for (std::uint64_t bits = touched[t]; bits != 0; bits &= bits - 1) {
-          const std::uint64_t q = 64 * t + static_cast<std::uint64_t>(std::countr_zero(bits));
-          before[q] = count;
-          count += static_cast<std::uint32_t>(std::popcount(masks[q]));
-        }
-      }
+      for_each_touched([&](std::uint64_t q) {
+        before[q] = count;
+        count += static_cast<std::uint32_t>(std::popcount(masks[q]));
+      });
     } else {
       for (std::uint64_t q = 0; q < words; ++q) {
         before[q] = count;
@@ -178,9 +182,7 @@ std::uint64_t merge_part(std::span<const sparse_view<const V, const I>> inputs, 
       heads[w] = stops[w];
     }
     if (sparse) {
-      for (std::uint64_t t = 0; t < words / 64; ++t) {
-        for (std::uint64_t bits = touched[t]; bits != 0; bits &= bits - 1) masks[64 * t + std::countr_zero(bits)] = 0;
-      }
+      for_each_touched([&](std::uint64_t q) { masks[q] = 0; });
     } else {
       std::memset(masks, 0, sizeof masks);
     }

@@ -15,32 +15,7 @@
 
 namespace stellatrain::detail {
 
-// x^(8 * 2^i) mod P for i = 0..63 (core/crc32c.hpp's reflected representation): the
-// operators "append 2^i zero bytes".
-struct crc32c_zero_powers {
-  std::uint32_t power[64];
-};
-
-constexpr crc32c_zero_powers make_crc32c_zero_powers() noexcept {
-  crc32c_zero_powers t{};
-  t.power[0] = 0x00800000u;  // x^8
-  for (int i = 1; i < 64; ++i) t.power[i] = crc32c_multiply(t.power[i - 1], t.power[i - 1]);
-  return t;
-}
-
-inline constexpr crc32c_zero_powers crc32c_zero_power_table = make_crc32c_zero_powers();
-
-/// x^(8 * length) mod P: the operator that appends `length` bytes in `crc32c_append`.
-/// O(log length) GF(2) multiplications from the table of powers.
-[[nodiscard]] constexpr std::uint32_t crc32c_append_operator(std::uint64_t length) noexcept {
-  std::uint32_t r = 0x80000000u;  // x^0
-  for (int i = 0; length != 0; ++i, length >>= 1) {
-    if (length & 1u) r = crc32c_multiply(crc32c_zero_power_table.power[i], r);
-  }
-  return r;
-}
-
-/// The CRC-32C of A followed by B, from crc(A), crc(B) and `crc32c_append_operator(|B|)`: one
+/// The CRC-32C of A followed by B, from crc(A), crc(B) and `crc32c_zeros_operator(|B|)`: one
 /// GF(2) multiplication, so that a thread that checksums B can also compute the operator.
 [[nodiscard]] constexpr std::uint32_t crc32c_append(std::uint32_t crc_a, std::uint32_t crc_b,
                                                     std::uint32_t append_operator) noexcept {
@@ -50,16 +25,16 @@ inline constexpr crc32c_zero_powers crc32c_zero_power_table = make_crc32c_zero_p
 /// The CRC-32C of A followed by B, from crc(A), crc(B) and the length of B in bytes.
 [[nodiscard]] constexpr std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b,
                                                      std::uint64_t length_b) noexcept {
-  return crc32c_append(crc_a, crc_b, crc32c_append_operator(length_b));
+  return crc32c_append(crc_a, crc_b, crc32c_zeros_operator(length_b));
 }
 
 /// The checksum of one byte range computed on a worker, ready to be appended in order.
 struct crc32c_piece {
   std::uint32_t crc = 0;                        ///< crc32c of the range (0 for an empty one)
-  std::uint32_t append_operator = 0x80000000u;  ///< crc32c_append_operator of its length
+  std::uint32_t append_operator = 0x80000000u;  ///< crc32c_zeros_operator of its length
 
   static crc32c_piece of(std::span<const std::byte> bytes) noexcept {
-    return {crc32c(bytes), crc32c_append_operator(bytes.size())};
+    return {crc32c(bytes), crc32c_zeros_operator(bytes.size())};
   }
   /// `running` followed by this range.
   [[nodiscard]] std::uint32_t after(std::uint32_t running) const noexcept {
