@@ -4,6 +4,7 @@
 
 #include "select_test_support.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -145,6 +146,22 @@ TEST_CASE("exact top-k gives the same result on any number of threads", "[select
     const auto b = run_exact<xsimd::default_arch>(pool, x, k);
     REQUIRE(a == b);
     REQUIRE(a == reference_topk_indices<float>(x, k));
+  }
+}
+
+TEST_CASE("exact top-k: ties at the k-th key spread over every thread's share", "[select][exact]") {
+  // Values on a grid of 1/8: thousands of elements share the k-th key, in every group of
+  // segments that a thread emits, so the ties must go to the lowest indices across groups.
+  const std::uint64_t n = 4'000'037;
+  auto x = gaussian(n, 21);
+  for (auto& v : x) v = std::round(v * 8.0f) / 8.0f;
+  inline_executor one;
+  thread_pool pool(3);
+  for (std::uint64_t k : {std::uint64_t{1}, n / 100, n / 100 + 777, n / 25}) {
+    CAPTURE(k);
+    const auto expected = reference_topk_indices<float>(x, k);
+    REQUIRE(run_exact<xsimd::default_arch>(one, x, k) == expected);
+    REQUIRE(run_exact<xsimd::default_arch>(pool, x, k) == expected);
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "select_test_support.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -209,4 +210,30 @@ TEST_CASE("threshold selection: scalar and SIMD paths and thread counts agree; s
   for (int step = 0; step <= 5; ++step) g2.next();
   threshold_selector<> fresh;
   for (const auto& expected : after) REQUIRE(run_threshold(fresh, pool, saved, g2.next(), k) == expected);
+}
+
+TEST_CASE("threshold selection: ties at the k-th key spread over every thread's share", "[select][threshold]") {
+  // Values on a grid of 1/8 that shift slightly from call to call: thousands of elements
+  // share the k-th key, in every group of segments that a thread emits.
+  const std::uint64_t n = 4'000'037;
+  drifting_gradient g(n, 31);
+  threshold_selector<> one_sel;
+  threshold_selector<> pool_sel;
+  threshold_state a;
+  threshold_state b;
+  inline_executor one;
+  thread_pool pool(3);
+  const std::uint64_t k = n / 100 + 777;
+  for (int step = 0; step < 6; ++step) {
+    CAPTURE(step);
+    auto x = g.next();
+    for (auto& v : x) v = std::round(v * 8.0f) / 8.0f;
+    selection_stats st;
+    const auto ra = run_threshold(one_sel, one, a, x, k);
+    const auto rb = run_threshold(pool_sel, pool, b, x, k, &st);
+    REQUIRE(ra == rb);
+    REQUIRE(st.exact);
+    REQUIRE(rb == reference_topk_indices<float>(x, k));
+  }
+  REQUIRE(b.bootstraps == 1);
 }
