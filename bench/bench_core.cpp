@@ -5,9 +5,14 @@
 //                                    buffer allocated per step would cost every step
 //   BM_core_bulk_overhead/threads   an empty bulk of `threads` calls: the fixed cost of
 //                                    splitting work across the pool
+//   BM_core_bulk_sequence/awake     8 bulk calls of 2 x 32 KiB of work, each after a short
+//                                    serial step (as in a kernel's phases), on 2 threads; with
+//                                    awake=1 a stay_awake guard is held around the 8
 #include <stellatrain/core/random_indices.hpp>
 
 #include "bench_support.hpp"
+
+#include <vector>
 
 namespace sb = stellatrain::bench;
 
@@ -40,6 +45,31 @@ void BM_core_bulk_overhead(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_core_bulk_overhead)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_core_bulk_sequence(benchmark::State& state) {
+  const bool awake = state.range(0) != 0;
+  auto& pool = sb::pool(2);
+  constexpr std::size_t piece = 8192;  // floats per call
+  auto data = sb::gaussian(2 * piece, 3);
+  std::vector<float> partial(2);
+  float carry = 0.0f;
+  for (auto _ : state) {
+    stellatrain::thread_pool::awake_guard guard;
+    if (awake) guard = pool.stay_awake();
+    for (int phase = 0; phase < 8; ++phase) {
+      for (std::size_t i = 0; i < 256; ++i) carry += data[i] * 0.5f;  // the serial step
+      pool.bulk(2, [&](std::size_t t) {
+        float s = 0.0f;
+        for (std::size_t i = t * piece; i < (t + 1) * piece; ++i) s += data[i];
+        partial[t] = s;
+      });
+      benchmark::DoNotOptimize(partial.data());
+    }
+  }
+  benchmark::DoNotOptimize(carry);
+  state.SetItemsProcessed(state.iterations() * 8);
+}
+BENCHMARK(BM_core_bulk_sequence)->ArgName("awake")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 

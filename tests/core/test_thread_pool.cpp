@@ -13,6 +13,8 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 using namespace stellatrain;
@@ -134,11 +136,16 @@ TEST_CASE("submit returns results and exceptions through futures", "[thread_pool
 TEST_CASE("tasks that wait for each other run while workers poll or sleep", "[thread_pool]") {
   // After a bulk call one worker polls for work and the other sleeps. Two tasks submitted
   // back to back, the first blocking until the second has run, need both workers: a pool that
-  // let the polling worker take the second task's wake-up as well would hang here.
+  // let the polling worker take the second task's wake-up as well would hang here. Also with
+  // a stay_awake guard held throughout (workers poll after every task).
   using namespace std::chrono_literals;
-  for (const auto spin : {0us, 50us, 20000us}) {
+  for (const auto& [spin, awake] : {std::pair{0us, false}, std::pair{50us, false}, std::pair{20000us, false},
+                                    std::pair{0us, true}}) {
+    CAPTURE(spin.count(), awake);
     thread_pool pool{2, spin};
     CHECK(pool.spin() == spin);
+    thread_pool::awake_guard guard;
+    if (awake) guard = pool.stay_awake();
     bool all_ran = true;
     for (int i = 0; i < 300 && all_ran; ++i) {
       std::atomic<int> sum{0};
@@ -162,6 +169,71 @@ TEST_CASE("a pool does not poll unless asked; a negative spin is taken as none",
   std::atomic<int> ran{0};
   pool.bulk(4, [&](std::size_t) { ran.fetch_add(1); });
   CHECK(ran.load() == 4);
+}
+
+TEST_CASE("stay_awake guards count, move and release; bulk stays correct under them", "[thread_pool]") {
+  thread_pool pool{1};  // one worker fits any machine, so its guards are active
+  CHECK(pool.awake_guards() == 0);
+  {
+    auto a = pool.stay_awake();
+    CHECK(a.active());
+    CHECK(pool.awake_guards() == 1);
+    auto b = std::move(a);
+    CHECK_FALSE(a.active());
+    CHECK(b.active());
+    CHECK(pool.awake_guards() == 1);
+    thread_pool::awake_guard c;
+    CHECK_FALSE(c.active());
+    c = pool.stay_awake();
+    CHECK(pool.awake_guards() == 2);
+    c = std::move(b);  // releases c's own guard, takes b's
+    CHECK(pool.awake_guards() == 1);
+    for (int r = 0; r < 200; ++r) {
+      std::atomic<int> sum{0};
+      pool.bulk(5, [&](std::size_t i) { sum.fetch_add(static_cast<int>(i)); });
+      REQUIRE(sum.load() == 10);
+    }
+    CHECK(pool.submit([] { return 7; }).get() == 7);
+  }
+  CHECK(pool.awake_guards() == 0);
+
+  // Guards taken and dropped from several threads while others run bulk calls.
+  thread_pool two{std::min<std::size_t>(2, hardware_threads())};
+  std::atomic<std::uint64_t> total{0};
+  std::vector<std::jthread> callers;
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&, t] {
+      for (int r = 0; r < 100; ++r) {
+        thread_pool::awake_guard g;
+        if ((r + t) % 2 == 0) g = two.stay_awake();
+        two.bulk(16, [&](std::size_t j) { total.fetch_add(j); });
+      }
+    });
+  }
+  callers.clear();
+  CHECK(total.load() == std::uint64_t{4} * 100 * 120);
+  CHECK(two.awake_guards() == 0);
+}
+
+TEST_CASE("stay_awake does nothing on an oversubscribed pool or an executor without it", "[thread_pool]") {
+  thread_pool big{hardware_threads() + 1};
+  auto g = big.stay_awake();
+  CHECK_FALSE(g.active());
+  CHECK(big.awake_guards() == 0);
+  std::atomic<int> ran{0};
+  big.bulk(32, [&](std::size_t) { ran.fetch_add(1); });
+  CHECK(ran.load() == 32);
+
+  inline_executor serial;
+  STATIC_REQUIRE(std::is_same_v<decltype(stay_awake(serial)), detail::no_awake_guard>);
+  thread_pool pool{1};
+  STATIC_REQUIRE(std::is_same_v<decltype(stay_awake(pool)), thread_pool::awake_guard>);
+  {
+    const auto guard = stay_awake(pool);
+    CHECK(guard.active());
+    CHECK(pool.awake_guards() == 1);
+  }
+  CHECK(pool.awake_guards() == 0);
 }
 
 TEST_CASE("the destructor finishes the tasks already submitted", "[thread_pool]") {

@@ -210,6 +210,7 @@ class error_feedback_compressor {
                                            " has " + std::to_string(t.size) + " elements, the gradient " +
                                            std::to_string(g.size()));
     }
+    [[maybe_unused]] const auto awake = stay_awake(ex);  // several bulk calls follow
     const std::uint64_t n = t.size;
     const partition_slice slice = slice_of(options_.part, n, k, t.step);
     const std::uint64_t sn = slice.end - slice.begin;

@@ -45,6 +45,24 @@ concept executor = requires(E& ex, std::size_t n, const detail::bulk_function_ar
   ex.bulk(n, f);
 };
 
+namespace detail {
+struct no_awake_guard {};
+}  // namespace detail
+
+/// For a kernel that makes several bulk calls in a row: keeps the threads of `ex` polling for
+/// work between them until the returned guard is destroyed, where `ex` offers that as
+/// `ex.stay_awake()` (as `thread_pool` does); otherwise returns an empty guard. Optional for
+/// executors: waking sleeping threads costs tens of microseconds per bulk call, so a pool that
+/// puts its threads to sleep at once gains from offering it.
+template <executor Executor>
+[[nodiscard]] auto stay_awake(Executor& ex) {
+  if constexpr (requires { ex.stay_awake(); }) {
+    return ex.stay_awake();
+  } else {
+    return detail::no_awake_guard{};
+  }
+}
+
 /// An `executor` that also runs independent tasks: `ex.submit(f)` runs `f()` (a callable
 /// taking nothing) at some later time or at once, on some thread; what it returns is ignored
 /// by the library. The pipeline runs its stages through it.

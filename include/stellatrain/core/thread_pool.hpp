@@ -82,10 +82,16 @@ struct bulk_state {
     }
   }
 
-  // Polls for up to `spin`, then sleeps until the last call has returned.
-  void wait(std::chrono::microseconds spin) noexcept {
+  // Polls for up to `spin`, and on while `awake` is not 0, then sleeps until the last call
+  // has returned.
+  void wait(std::chrono::microseconds spin, const std::atomic<std::size_t>& awake) noexcept {
     auto finished = [this] { return done.load(std::memory_order_acquire) == count; };
-    if (spin.count() > 0 && poll_for(spin, finished)) return;
+    if (spin.count() > 0 || awake.load(std::memory_order_relaxed) > 0) {
+      while (!poll_for(spin, finished)) {
+        if (awake.load(std::memory_order_relaxed) == 0) break;
+      }
+      if (finished()) return;
+    }
     for (std::size_t d = done.load(std::memory_order_acquire); d != count;
          d = done.load(std::memory_order_acquire)) {
       done.wait(d, std::memory_order_acquire);
@@ -117,6 +123,13 @@ struct bulk_state {
 /// 250K pairs 1.85x faster); where more threads than cores have work, a polling thread takes
 /// time from one of them.
 ///
+/// Staying awake for a while (`stay_awake`): a kernel that makes several bulk calls in a row,
+/// with short serial steps between them, holds a `stay_awake()` guard for its duration. While
+/// any guard lives, workers that finish a task poll for the next one and `bulk` polls for its
+/// helpers, however short `spin` is, so only the kernel's first bulk call pays for waking the
+/// workers. On a pool with more workers than the machine has hardware threads the guard does
+/// nothing (polling workers would take time from the working ones).
+///
 /// The destructor stops the workers after their current task; tasks still queued are dropped
 /// (their futures report `std::future_errc::broken_promise`). Destroy the pool only when no
 /// `bulk` call on it is in progress.
@@ -137,7 +150,8 @@ class thread_pool {
   /// Starts `threads` workers (0 is taken as 1) that poll for `spin` after each task.
   explicit thread_pool(std::size_t threads = hardware_threads(),
                        std::chrono::microseconds spin = default_spin)
-      : spin_(std::max(spin, std::chrono::microseconds{0})) {
+      : spin_(std::max(spin, std::chrono::microseconds{0})),
+        may_stay_awake_(std::max<std::size_t>(threads, 1) <= hardware_threads()) {
     threads = std::max<std::size_t>(threads, 1);
     workers_.reserve(threads);
     for (std::size_t i = 0; i < threads; ++i) {
@@ -163,6 +177,46 @@ class thread_pool {
   /// How long a thread polls for work before it sleeps (see the class comment).
   [[nodiscard]] std::chrono::microseconds spin() const noexcept { return spin_; }
 
+  /// While a guard of `stay_awake` lives, the pool's threads poll for work instead of sleeping.
+  class awake_guard {
+   public:
+    awake_guard() = default;
+    awake_guard(awake_guard&& other) noexcept : pool_(std::exchange(other.pool_, nullptr)) {}
+    awake_guard& operator=(awake_guard&& other) noexcept {
+      if (this != &other) {
+        release();
+        pool_ = std::exchange(other.pool_, nullptr);
+      }
+      return *this;
+    }
+    awake_guard(const awake_guard&) = delete;
+    awake_guard& operator=(const awake_guard&) = delete;
+    ~awake_guard() { release(); }
+
+    /// Whether this guard keeps a pool awake (false on an oversubscribed pool).
+    [[nodiscard]] bool active() const noexcept { return pool_ != nullptr; }
+
+   private:
+    friend class thread_pool;
+    explicit awake_guard(thread_pool* pool) noexcept : pool_(pool) {
+      if (pool_ != nullptr) pool_->awake_.fetch_add(1, std::memory_order_relaxed);
+    }
+    void release() noexcept {
+      if (pool_ != nullptr) pool_->awake_.fetch_sub(1, std::memory_order_relaxed);
+      pool_ = nullptr;
+    }
+    thread_pool* pool_ = nullptr;
+  };
+
+  /// Keeps the workers polling for work until the guard is destroyed (see the class comment);
+  /// guards may overlap, from any threads. Destroy every guard before the pool.
+  [[nodiscard]] awake_guard stay_awake() noexcept {
+    return awake_guard(may_stay_awake_ ? this : nullptr);
+  }
+
+  /// Number of guards of `stay_awake` that keep the pool awake now.
+  [[nodiscard]] std::size_t awake_guards() const noexcept { return awake_.load(std::memory_order_relaxed); }
+
   /// Calls `f(i)` for every `i` in `[0, n)` and returns when all calls returned; rethrows the
   /// first exception (calls not yet started when it was thrown are skipped).
   template <class F>
@@ -185,7 +239,7 @@ class thread_pool {
       wake(helpers);
     }
     state->run();
-    state->wait(spin_);
+    state->wait(spin_, awake_);
     if (state->error) std::rethrow_exception(state->error);
   }
 
@@ -226,7 +280,7 @@ class thread_pool {
   void work(std::stop_token stop) {
     bool after_task = false;
     for (;;) {
-      if (after_task && spin_.count() > 0) poll(stop);
+      if (after_task && (spin_.count() > 0 || awake_.load(std::memory_order_relaxed) > 0)) poll(stop);
       std::function<void()> task;
       {
         std::unique_lock lock(mutex_);
@@ -240,24 +294,28 @@ class thread_pool {
     }
   }
 
-  // Polls `queued_` for up to spin_; returns when a task may be queued or the time is up, after
-  // taking itself off `polling_` unless a `wake` has claimed it (then the count is already off).
+  // Polls `queued_` for up to spin_, and on while a guard of `stay_awake` lives; returns when a
+  // task may be queued or the time is up, after taking itself off `polling_` unless a `wake`
+  // has claimed it (then the count is already off).
   void poll(const std::stop_token& stop) {
     polling_.fetch_add(1);
-    detail::poll_for(spin_, [&] {
-      return queued_.load(std::memory_order_acquire) != 0 || stop.stop_requested();
-    });
+    const auto ready = [&] { return queued_.load(std::memory_order_acquire) != 0 || stop.stop_requested(); };
+    while (!detail::poll_for(spin_, ready)) {
+      if (awake_.load(std::memory_order_relaxed) == 0) break;
+    }
     std::size_t polling = polling_.load();
     while (polling > 0 && !polling_.compare_exchange_weak(polling, polling - 1)) {
     }
   }
 
   std::chrono::microseconds spin_;
+  bool may_stay_awake_;  // the workers fit the hardware threads
   std::mutex mutex_;
   std::condition_variable_any ready_;
   std::deque<std::function<void()>> queue_;
   std::atomic<std::size_t> queued_{0};   // queue_.size(), readable without the mutex
   std::atomic<std::size_t> polling_{0};  // workers polling `queued_`; every access seq_cst
+  std::atomic<std::size_t> awake_{0};    // live guards of stay_awake
   std::vector<std::jthread> workers_;  // last: joined before the queue is destroyed
 };
 

@@ -190,6 +190,7 @@ select_outcome select_exact(Ex& ex, const Source& src, std::uint64_t n, std::uin
                             candidate_workspace& ws, radix_workspace& rw, Emit&& emit) {
   constexpr std::uint32_t key_mask = Source::key_mask;
   STELLATRAIN_ASSERT(k > 0 && k < n, "select_exact: needs 0 < k < n");
+  [[maybe_unused]] const auto awake = stay_awake(ex);  // several bulk calls follow
   select_outcome outcome;
   std::uint32_t low = 0;
   if (n > ws.capacity()) {

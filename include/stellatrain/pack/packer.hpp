@@ -227,6 +227,7 @@ class message_packer {
   /// `prepare` then `write`.
   template <executor Executor>
   std::span<std::byte> pack(std::span<std::byte> out, Executor& ex) {
+    [[maybe_unused]] const auto awake = stay_awake(ex);  // two bulk calls follow
     prepare(ex);
     return write(out, ex);
   }

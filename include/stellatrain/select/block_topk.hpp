@@ -409,6 +409,7 @@ class block_topk_selector {
     detail::check_selection_args<Index>("block_topk_selector::select", n, k, indices.size(), values.size(),
                                         index_base);
     if (k == 0 || n == 0) return {};
+    [[maybe_unused]] const auto awake = stay_awake(ex);  // several bulk calls follow
     if (k >= n) {
       detail::select_all(ex, x, indices, values, index_base);
       block_selection_stats all;

@@ -48,6 +48,7 @@ select_outcome sampled_threshold_select(Ex& ex, const Source& src, std::uint64_t
                                         const sampled_threshold_options& options, candidate_workspace& ws,
                                         radix_workspace& rw, Emit&& emit) {
   constexpr std::uint32_t key_mask = Source::key_mask;
+  [[maybe_unused]] const auto awake = stay_awake(ex);  // several bulk calls follow
   const std::uint64_t samples = sampled_count(n, options);
   ws.reserve(ex, threshold_capacity(n, k, options.min_capacity), n, samples);
   std::uint32_t low = 0;

@@ -77,6 +77,7 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
                                 const threshold_options& options, threshold_state& state,
                                 candidate_workspace& ws, radix_workspace& rw, Emit&& emit) {
   constexpr std::uint32_t key_mask = Source::key_mask;
+  [[maybe_unused]] const auto awake = stay_awake(ex);  // several bulk calls follow
   const double target_d = std::ceil(static_cast<double>(k) * (1.0 + std::max(0.0, options.margin)));
   const std::uint64_t target = std::clamp<std::uint64_t>(static_cast<std::uint64_t>(target_d), k, n);
   ws.reserve(ex, threshold_capacity(n, k, options.min_capacity), n, options.bootstrap.samples);
