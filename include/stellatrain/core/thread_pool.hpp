@@ -52,6 +52,15 @@ bool poll_for(std::chrono::microseconds spin, Ready&& ready) noexcept {
   return false;
 }
 
+// Polls `ready()` for up to `spin`, and on while `awake` is not 0; returns whether it held.
+template <class Ready>
+bool poll_while_awake(std::chrono::microseconds spin, const std::atomic<std::size_t>& awake, Ready&& ready) noexcept {
+  while (!poll_for(spin, ready)) {
+    if (awake.load(std::memory_order_relaxed) == 0) return false;
+  }
+  return true;
+}
+
 // Shared between the caller of bulk() and the helper tasks it posts. Helpers that start after
 // every index was claimed see `next >= count` and return without touching `fn`, so a late
 // helper never calls into the caller's (by then destroyed) callable.
@@ -86,11 +95,8 @@ struct bulk_state {
   // has returned.
   void wait(std::chrono::microseconds spin, const std::atomic<std::size_t>& awake) noexcept {
     auto finished = [this] { return done.load(std::memory_order_acquire) == count; };
-    if (spin.count() > 0 || awake.load(std::memory_order_relaxed) > 0) {
-      while (!poll_for(spin, finished)) {
-        if (awake.load(std::memory_order_relaxed) == 0) break;
-      }
-      if (finished()) return;
+    if ((spin.count() > 0 || awake.load(std::memory_order_relaxed) > 0) && poll_while_awake(spin, awake, finished)) {
+      return;
     }
     for (std::size_t d = done.load(std::memory_order_acquire); d != count;
          d = done.load(std::memory_order_acquire)) {
@@ -300,9 +306,7 @@ class thread_pool {
   void poll(const std::stop_token& stop) {
     polling_.fetch_add(1);
     const auto ready = [&] { return queued_.load(std::memory_order_acquire) != 0 || stop.stop_requested(); };
-    while (!detail::poll_for(spin_, ready)) {
-      if (awake_.load(std::memory_order_relaxed) == 0) break;
-    }
+    detail::poll_while_awake(spin_, awake_, ready);
     std::size_t polling = polling_.load();
     while (polling > 0 && !polling_.compare_exchange_weak(polling, polling - 1)) {
     }
