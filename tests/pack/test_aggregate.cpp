@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <random>
 #include <vector>
@@ -161,6 +162,66 @@ TEST_CASE("merge: large inputs split across threads give the same bits", "[pack]
   CHECK(std::equal(a.indices().begin(), a.indices().end(), b.indices().begin()));
   CHECK(std::memcmp(a.values().data(), b.values().data(), a.size() * sizeof(float)) == 0);
   check_merge(in, reduction::sum, four);
+}
+
+TEST_CASE("merge: a chunk spanning more windows than a thread marks ahead", "[pack][aggregate]") {
+  // The largest input is dense in the first 2M indices, so every chunk cut lies there; the
+  // other inputs spread over 60M indices, so the last chunk spans thousands of windows and is
+  // written partly after its start is known.
+  thread_pool pool(3);
+  const std::uint64_t n = 60000000;
+  std::vector<test::selection<std::uint32_t>> s;
+  auto dense = random_selection<std::uint32_t>(2000000, 150000, 5);
+  dense.n = n;
+  s.push_back(dense);
+  s.push_back(random_selection<std::uint32_t>(n, 40000, 6));
+  s.push_back(random_selection<std::uint32_t>(n, 30000, 7));
+  check_merge(views(s), reduction::sum, pool);
+  sparse_merger m1, m3;
+  inline_executor one;
+  const auto in = views(s);
+  sparse_buffer<float> a(0, 220000), b(0, 220000);
+  m1.merge<float, std::uint32_t>(in, a, reduction::mean, one);
+  m3.merge<float, std::uint32_t>(in, b, reduction::mean, pool);
+  REQUIRE(a.size() == b.size());
+  CHECK(std::equal(a.indices().begin(), a.indices().end(), b.indices().begin()));
+  CHECK(std::memcmp(a.values().data(), b.values().data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("merge: a bad input in one chunk fails the whole merge, and the merger stays usable", "[pack][aggregate]") {
+  // Many chunks on 3 threads: the chunk that finds the error must release the chunks after it
+  // (which wait for its count), or the merge would hang.
+  thread_pool pool(3);
+  const std::uint64_t n = 5000000;
+  std::vector<test::selection<std::uint32_t>> s;
+  for (std::uint32_t r = 0; r < 4; ++r) s.push_back(random_selection<std::uint32_t>(n, 60000 + r * 1000, 40 + r));
+  const auto good = views(s);
+  sparse_buffer<float> expected(0, 300000), out(0, 300000);
+  sparse_merger fresh;
+  fresh.merge<float, std::uint32_t>(good, expected, reduction::sum, pool);
+  sparse_merger m;
+  auto merge_with = [&](std::vector<test::selection<std::uint32_t>> bad) {
+    const auto in = views(bad);
+    m.merge<float, std::uint32_t>(in, out, reduction::sum, pool);
+  };
+  // Two neighbours in different windows swapped, at several places (inside a chunk, and near
+  // its cuts, which the split checks).
+  for (std::size_t at : {std::size_t{100}, std::size_t{20000}, std::size_t{31000}, std::size_t{45000}}) {
+    auto bad = s;
+    auto& idx = bad[2].indices;
+    while (idx[at] / 16384 == idx[at + 1] / 16384) ++at;
+    std::swap(idx[at], idx[at + 1]);
+    INFO("swapped at " << at);
+    CHECK_THROWS_WITH(merge_with(bad), Catch::Matchers::Contains("not sorted"));
+  }
+  auto outside = s;
+  outside[1].indices.back() = static_cast<std::uint32_t>(n);
+  CHECK_THROWS_WITH(merge_with(outside), Catch::Matchers::Contains("index 5000000 is not below the tensor size 5000000"));
+  // The same merger, after the failures, merges as a fresh one does.
+  m.merge<float, std::uint32_t>(good, out, reduction::sum, pool);
+  REQUIRE(out.size() == expected.size());
+  CHECK(std::equal(out.indices().begin(), out.indices().end(), expected.indices().begin()));
+  CHECK(std::memcmp(out.values().data(), expected.values().data(), out.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("merge: 16-bit values and 64-bit indices", "[pack][aggregate]") {

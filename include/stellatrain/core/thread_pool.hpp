@@ -6,6 +6,7 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
+#include <stellatrain/detail/cpu_relax.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -27,16 +28,6 @@
 namespace stellatrain {
 
 namespace detail {
-
-// A hint to the core that this thread is polling (x86 PAUSE): frees resources for the other
-// hyper-thread and saves power while a wait spins.
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // Polls `ready()` until it holds or `spin` has passed (reading the clock once per 64 polls);
 // returns whether it held.

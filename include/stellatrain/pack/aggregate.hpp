@@ -9,20 +9,19 @@
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/float16.hpp>
 #include <stellatrain/core/sparse.hpp>
+#include <stellatrain/detail/cpu_relax.hpp>
+#include <stellatrain/pack/detail/merge_windows.hpp>
 
 #include <algorithm>
-#include <bit>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
-
-#if defined(__SSE2__) || defined(__AVX2__) || defined(__BMI2__)
-#include <immintrin.h>
-#endif
 
 namespace stellatrain {
 
@@ -61,142 +60,14 @@ struct aggregate_options {
 
 namespace detail {
 
-// Indices per merge window: its masks (2 KiB) and counts (1 KiB) stay in L1.
-inline constexpr std::uint64_t merge_window = 16384;
+// Pairs per merge chunk, the unit the threads claim in order.
+inline constexpr std::uint64_t merge_chunk_pairs = 16384;
+inline constexpr std::uint64_t merge_max_chunks = 4096;
+// Windows a task marks ahead (about 100 KiB of marks, in L2): a chunk spanning more waits for
+// its start before it writes the rest.
+inline constexpr std::size_t merge_marked_windows = 32;
 // Elements per dense scatter piece (256 KiB of floats: L2-resident while the inputs stream).
 inline constexpr std::uint64_t scatter_piece = std::uint64_t{1} << 16;
-
-template <class V>
-STELLATRAIN_FORCE_INLINE float value_as_float(V v) noexcept {
-  return to_float(v);
-}
-
-// The bits of m below bit i (i < 64): one BMI2 instruction where available.
-STELLATRAIN_FORCE_INLINE std::uint64_t below_bit(std::uint64_t m, std::uint32_t i) noexcept {
-#if defined(__BMI2__)
-  return _bzhi_u64(m, i);
-#else
-  return m & ((std::uint64_t{1} << i) - 1);
-#endif
-}
-
-// Merges the parts [heads[w], end[w]) of every input into out (sorted, duplicates summed,
-// times `scale`); returns how many pairs it wrote. The index range is walked in windows of
-// merge_window indices. Per window, pass 1 sets one bit per offset the inputs touch; a running
-// count of the bits per 64 offsets (over the touched words only, when the window holds few
-// pairs) makes every offset's rank in the window's union a popcount; pass 2 writes each pair
-// to its rank and adds its value there. No comparisons between inputs, no data-dependent
-// branches per pair, and the window's state (2 KiB of bits, 1 KiB of counts) stays in L1.
-// (Measured on 4 x 250K pairs in 25M indices: 15-20% faster than byte marks turned into words
-// through a summary walk over windows of 4096 indices.) Throws if an input steps below the
-// current window (not sorted) or the result reaches the tensor size.
-template <class V, class I>
-std::uint64_t merge_part(std::span<const sparse_view<const V, const I>> inputs, std::uint64_t* heads,
-                         const std::uint64_t* end, std::uint64_t* stops, std::uint64_t dense_size, float scale,
-                         I* out_idx, float* out_val) {
-  constexpr std::uint64_t words = merge_window / 64;
-  alignas(64) std::uint64_t masks[words];
-  std::uint32_t before[words];
-  std::memset(masks, 0, sizeof masks);
-  const std::size_t w_count = inputs.size();
-  std::uint64_t written = 0;
-  for (;;) {
-    std::uint64_t lowest = std::numeric_limits<std::uint64_t>::max();
-    bool any = false;
-    for (std::size_t w = 0; w < w_count; ++w) {
-      if (heads[w] < end[w]) {
-        any = true;
-        lowest = std::min<std::uint64_t>(lowest, inputs[w].indices()[heads[w]]);
-      }
-    }
-    if (!any) break;
-    const std::uint64_t base = lowest & ~(merge_window - 1);
-    const std::uint64_t limit = base + merge_window;
-    std::uint64_t spread = 0;  // OR of the offsets: >= merge_window iff one lies outside
-    for (std::size_t w = 0; w < w_count; ++w) {
-      const I* idx = inputs[w].indices().data();
-      std::uint64_t h = heads[w];
-      const std::uint64_t e = end[w];
-      for (; h < e; ++h) {
-        const std::uint64_t x = idx[h];
-        if (x >= limit) break;
-        const std::uint64_t off = x - base;
-        spread |= off;
-        const std::uint64_t o = off & (merge_window - 1);
-        masks[o >> 6] |= std::uint64_t{1} << (o & 63);
-      }
-      stops[w] = h;
-    }
-    if (spread >= merge_window) [[unlikely]] {
-      throw_error(errc::invalid_argument, "merge: an input is not sorted: an index lies below one before it");
-    }
-    // The running counts: over every word when the window holds many pairs; over the words
-    // its pairs touch (found by walking them again) when it holds few, so that a sparse
-    // merge does not pay for the whole window.
-    std::uint64_t pairs = 0;
-    for (std::size_t w = 0; w < w_count; ++w) pairs += stops[w] - heads[w];
-    const bool sparse = pairs < words / 8;
-    std::uint64_t touched[words / 64] = {};  // bit q: word q holds a pair (sparse windows)
-    auto for_each_touched = [&](auto&& fn) {
-      for (std::uint64_t t = 0; t < words / 64; ++t) {
-        for (std::uint64_t bits = touched[t]; bits != 0; bits &= bits - 1) {
-          fn(64 * t + static_cast<std::uint64_t>(std::countr_zero(bits)));
-        }
-      }
-    };
-    std::uint32_t count = 0;
-    if (sparse) {
-      for (std::size_t w = 0; w < w_count; ++w) {
-        const I* idx = inputs[w].indices().data();
-        for (std::uint64_t h = heads[w]; h < stops[w]; ++h) {
-          const std::uint64_t q = ((static_cast<std::uint64_t>(idx[h]) - base) & (merge_window - 1)) >> 6;
-          touched[q >> 6] |= std::uint64_t{1} << (q & 63);
-        }
-      }
-      for_each_touched([&](std::uint64_t q) {
-        before[q] = count;
-        count += static_cast<std::uint32_t>(std::popcount(masks[q]));
-      });
-    } else {
-      for (std::uint64_t q = 0; q < words; ++q) {
-        before[q] = count;
-        count += static_cast<std::uint32_t>(std::popcount(masks[q]));
-      }
-    }
-    I* oi = out_idx + written;
-    float* ov = out_val + written;
-    std::fill(ov, ov + count, -0.0f);  // -0 + x == x for every x, so one input is copied exactly
-    for (std::size_t w = 0; w < w_count; ++w) {
-      const I* idx = inputs[w].indices().data();
-      const V* val = inputs[w].values().data();
-      const std::uint64_t stop = stops[w];  // a local: the stores below may alias stops[]
-      for (std::uint64_t h = heads[w]; h < stop; ++h) {
-        const I x = idx[h];
-        const std::uint32_t o = static_cast<std::uint32_t>(static_cast<std::uint64_t>(x) - base) &
-                                static_cast<std::uint32_t>(merge_window - 1);
-        const std::uint32_t q = o >> 6;
-        const std::uint32_t rank = before[q] + static_cast<std::uint32_t>(std::popcount(below_bit(masks[q], o & 63)));
-        oi[rank] = x;
-        ov[rank] += value_as_float(val[h]);
-      }
-      heads[w] = stops[w];
-    }
-    if (sparse) {
-      for_each_touched([&](std::uint64_t q) { masks[q] = 0; });
-    } else {
-      std::memset(masks, 0, sizeof masks);
-    }
-    if (scale != 1.0f) {
-      for (std::uint32_t j = 0; j < count; ++j) ov[j] *= scale;
-    }
-    written += count;
-    if (limit > dense_size && static_cast<std::uint64_t>(oi[count - 1]) >= dense_size) [[unlikely]] {
-      throw_error(errc::out_of_range, "merge: index " + std::to_string(oi[count - 1]) +
-                                          " is not below the tensor size " + std::to_string(dense_size));
-    }
-  }
-  return written;
-}
 
 }  // namespace detail
 
@@ -210,8 +81,11 @@ std::uint64_t merge_part(std::span<const sparse_view<const V, const I>> inputs, 
 /// - `merge`: a k-way merge into `out` (sorted, strictly ascending, duplicates summed). The
 ///   index range is cut into windows of 16384 indices; in each, the union of the inputs is marked
 ///   in L1 and every pair written straight to its rank, so the cost is linear in the input pairs
-///   (not in the tensor size, and not times log W). Threaded: the range is split at quantiles
-///   of the largest input.
+///   (not in the tensor size, and not times log W). Threaded: the range is cut into chunks of
+///   about 16384 pairs at quantiles of the largest input, which the threads claim in order. A
+///   thread first marks a chunk's windows (which counts its pairs) and then writes them at
+///   their final place, so nothing is moved afterwards and a chunk waits only until the chunks
+///   before it are counted, not written.
 /// - `scatter_add`: writes every element of `dense` (zero where no input has a pair).
 /// - `aggregate`: `choose_aggregate` picks one of the two.
 ///
@@ -232,9 +106,16 @@ class sparse_merger {
     const std::uint64_t n = common_dense_size(inputs);
     std::uint64_t total = 0;
     std::size_t largest = 0;
+    std::uint64_t first = std::numeric_limits<std::uint64_t>::max();
+    std::uint64_t last = 0;
     for (std::size_t w = 0; w < inputs.size(); ++w) {
-      total += inputs[w].size();
-      if (inputs[w].size() > inputs[largest].size()) largest = w;
+      const auto idx = inputs[w].indices();
+      total += idx.size();
+      if (idx.size() > inputs[largest].size()) largest = w;
+      if (!idx.empty()) {
+        first = std::min<std::uint64_t>(first, idx.front());
+        last = std::max<std::uint64_t>(last, idx.back());
+      }
     }
     if (out.capacity() < total) {
       throw_error(errc::invalid_argument, "merge: output capacity " + std::to_string(out.capacity()) +
@@ -245,45 +126,93 @@ class sparse_merger {
     if (total == 0) return;
     const float scale = scale_of(op, inputs.size());
     const std::size_t w_count = inputs.size();
-    // Parts: about 4 per thread, at least 32768 pairs each.
-    const std::uint64_t parts = std::clamp<std::uint64_t>(
-        std::min<std::uint64_t>(ex.concurrency() * 4, total / 32768), 1, 256);
-    starts_.assign((parts + 1) * w_count, 0);
-    for (std::size_t w = 0; w < w_count; ++w) starts_[parts * w_count + w] = inputs[w].size();
-    const auto big = inputs[largest].indices();
-    for (std::uint64_t p = 1; p < parts; ++p) {
-      // A split point on a window boundary, so that no window is shared by two parts.
-      const std::uint64_t at = static_cast<std::uint64_t>(big[p * big.size() / parts]) & ~(detail::merge_window - 1);
-      for (std::size_t w = 0; w < w_count; ++w) {
-        const auto idx = inputs[w].indices();
-        const auto pos = std::lower_bound(idx.begin(), idx.end(), at) - idx.begin();
-        starts_[p * w_count + w] = std::max<std::uint64_t>(starts_[(p - 1) * w_count + w], static_cast<std::uint64_t>(pos));
-      }
+    constexpr std::size_t marked = detail::merge_marked_windows;
+    // Chunks of about merge_chunk_pairs pairs that span about half as many windows as a task
+    // marks ahead; one chunk (no threads) for a small merge or a single-threaded executor.
+    std::uint64_t chunks = 1;
+    if (ex.concurrency() >= 2 && total >= 2 * detail::merge_chunk_pairs) {
+      const std::uint64_t windows = last >= first ? (last - first) / detail::merge_window + 1 : 1;
+      chunks = std::clamp<std::uint64_t>(std::max(total / detail::merge_chunk_pairs, windows / (marked / 2)), 2,
+                                         detail::merge_max_chunks);
     }
-    heads_ = starts_;
-    stops_.assign(parts * w_count, 0);
-    counts_.assign(parts, 0);
-    offsets_.assign(parts, 0);
-    for (std::uint64_t p = 0; p < parts; ++p) {
-      for (std::size_t w = 0; w < w_count; ++w) offsets_[p] += starts_[p * w_count + w];
-    }
+    split_chunks(inputs, largest, chunks);
+    const std::size_t tasks = static_cast<std::size_t>(std::min<std::uint64_t>(ex.concurrency(), chunks));
+    const std::size_t mark_slots = chunks == 1 ? 1 : tasks * marked;
+    if (marks_.size() < mark_slots) marks_.resize(mark_slots);
+    const std::size_t cut_rows = marked + 2;
+    cuts_.resize(tasks * cut_rows * w_count);
     out.resize(total);
-    I* oi = out.indices().data();
-    float* ov = out.values().data();
-    ex.bulk(static_cast<std::size_t>(parts), [&](std::size_t p) {
-      counts_[p] = detail::merge_part<V, I>(inputs, heads_.data() + p * w_count, starts_.data() + (p + 1) * w_count,
-                                            stops_.data() + p * w_count, n, scale, oi + offsets_[p], ov + offsets_[p]);
-    });
-    // Close the gaps between the parts (each part wrote at an upper bound of its start).
-    std::uint64_t size = counts_[0];
-    for (std::uint64_t p = 1; p < parts; ++p) {
-      if (offsets_[p] != size) {
-        std::memmove(oi + size, oi + offsets_[p], static_cast<std::size_t>(counts_[p]) * sizeof(I));
-        std::memmove(ov + size, ov + offsets_[p], static_cast<std::size_t>(counts_[p]) * sizeof(float));
-      }
-      size += counts_[p];
+    I* const oi = out.indices().data();
+    float* const ov = out.values().data();
+    if (chunks == 1) {
+      std::copy(starts_.begin(), starts_.begin() + static_cast<std::ptrdiff_t>(w_count), cuts_.begin());
+      out.resize(detail::merge_windows<V, I>(inputs, cuts_.data(), starts_.data() + w_count, cuts_.data() + w_count, n,
+                                             scale, marks_[0], oi, ov));
+      return;
     }
-    out.resize(size);
+    // Every chunk is written at its final place, which is known once the chunks before it have
+    // counted their pairs: ready_[c] is where chunk c starts (or not_ready, or failed). A task
+    // marks the windows of its chunk (counting them), waits for the chunk's start, publishes the
+    // next chunk's start and then writes. Tasks claim chunks in order, so a chunk waits only
+    // for chunks that are being marked. A chunk spanning more windows than a task marks ahead
+    // writes what it marked and the rest in place, and publishes at its end.
+    if (ready_size_ < chunks + 1) {
+      ready_ = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(chunks + 1));
+      ready_size_ = chunks + 1;
+    }
+    ready_[0].store(0, std::memory_order_relaxed);
+    for (std::uint64_t c = 1; c <= chunks; ++c) ready_[c].store(not_ready, std::memory_order_relaxed);
+    std::atomic<std::uint64_t> next{0};
+    ex.bulk(tasks, [&](std::size_t t) {
+      detail::merge_marks* const marks = marks_.data() + t * marked;
+      std::uint64_t* const cut = cuts_.data() + t * cut_rows * w_count;  // row j: where window j starts
+      for (std::uint64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+           c = next.fetch_add(1, std::memory_order_relaxed)) {
+        const std::uint64_t* const end = starts_.data() + (c + 1) * w_count;
+        std::copy(end - w_count, end, cut);
+        std::size_t j = 0;
+        std::uint64_t count = 0;
+        bool whole = false;  // every window of the chunk is marked
+        try {
+          for (; j < marked; ++j) {
+            if (!detail::mark_window<V, I>(inputs, cut + j * w_count, end, cut + (j + 1) * w_count, n, marks[j])) {
+              whole = true;
+              break;
+            }
+            count += marks[j].count;
+          }
+          whole = whole || std::equal(cut + marked * w_count, cut + (marked + 1) * w_count, end);
+        } catch (...) {
+          for (std::size_t k = 0; k < j; ++k) marks[k].clear();
+          ready_[c + 1].store(failed, std::memory_order_release);
+          throw;
+        }
+        const std::uint64_t at = wait_ready(c);
+        if (at == failed) {
+          for (std::size_t k = 0; k < j; ++k) marks[k].clear();
+          ready_[c + 1].store(failed, std::memory_order_release);
+          continue;
+        }
+        if (whole) ready_[c + 1].store(at + count, std::memory_order_release);
+        std::uint64_t written = 0;
+        for (std::size_t k = 0; k < j; ++k) {
+          detail::write_window<V, I>(inputs, cut + k * w_count, cut + (k + 1) * w_count, scale, marks[k],
+                                     oi + at + written, ov + at + written);
+          written += marks[k].count;
+        }
+        if (!whole) {
+          try {
+            written += detail::merge_windows<V, I>(inputs, cut + marked * w_count, end, cut + (marked + 1) * w_count,
+                                                   n, scale, marks[0], oi + at + written, ov + at + written);
+          } catch (...) {
+            ready_[c + 1].store(failed, std::memory_order_release);
+            throw;
+          }
+          ready_[c + 1].store(at + written, std::memory_order_release);
+        }
+      }
+    });
+    out.resize(ready_[chunks].load(std::memory_order_acquire));
   }
 
   /// Writes the reduction of `inputs` to every element of `dense` (its size must equal the
@@ -369,11 +298,50 @@ class sparse_merger {
     return op == reduction::mean ? 1.0f / static_cast<float>(inputs) : 1.0f;
   }
 
+  static constexpr std::uint64_t not_ready = std::numeric_limits<std::uint64_t>::max();
+  static constexpr std::uint64_t failed = not_ready - 1;
+
+  // Cuts the inputs into `chunks` chunks at quantiles of the largest input, on window
+  // boundaries (no window is shared by two chunks): starts_[c * W + w] is where input w's part
+  // of chunk c begins. (Unsorted inputs need no check here: whatever lower_bound returns, the
+  // pair before a cut is below it and the pair at the cut is not, so a pair out of order lies
+  // inside a chunk, where mark_window finds it.)
+  template <class V, class I>
+  void split_chunks(std::span<const sparse_view<const V, const I>> inputs, std::size_t largest, std::uint64_t chunks) {
+    const std::size_t w_count = inputs.size();
+    starts_.assign((chunks + 1) * w_count, 0);
+    for (std::size_t w = 0; w < w_count; ++w) starts_[chunks * w_count + w] = inputs[w].size();
+    const auto big = inputs[largest].indices();
+    for (std::uint64_t c = 1; c < chunks; ++c) {
+      const std::uint64_t at = static_cast<std::uint64_t>(big[c * big.size() / chunks]) & ~(detail::merge_window - 1);
+      for (std::size_t w = 0; w < w_count; ++w) {
+        const auto idx = inputs[w].indices();
+        const auto from = idx.begin() + static_cast<std::ptrdiff_t>(starts_[(c - 1) * w_count + w]);
+        const auto pos = static_cast<std::uint64_t>(std::lower_bound(from, idx.end(), at) - idx.begin());
+        starts_[c * w_count + w] = pos;
+      }
+    }
+  }
+
+  // Where chunk c starts, once the chunks before it have counted (or `failed`): polls, then
+  // yields the core, so that a thread merging an earlier chunk gets it on a busy machine.
+  [[nodiscard]] std::uint64_t wait_ready(std::uint64_t c) const noexcept {
+    for (std::uint32_t polls = 0;; ++polls) {
+      const std::uint64_t at = ready_[c].load(std::memory_order_acquire);
+      if (at != not_ready) return at;
+      if (polls < 4096) {
+        detail::cpu_relax();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
   std::vector<std::uint64_t> starts_;
-  std::vector<std::uint64_t> heads_;
-  std::vector<std::uint64_t> stops_;
-  std::vector<std::uint64_t> counts_;
-  std::vector<std::uint64_t> offsets_;
+  std::vector<std::uint64_t> cuts_;  // per task: merge_marked_windows + 2 rows of W positions
+  std::vector<detail::merge_marks> marks_;  // per task: merge_marked_windows windows
+  std::unique_ptr<std::atomic<std::uint64_t>[]> ready_;
+  std::uint64_t ready_size_ = 0;
 };
 
 /// Capacity a `merge` output needs: the sum of the input sizes.
