@@ -4,10 +4,8 @@
 #pragma once
 
 #include <stellatrain/config.hpp>
-#include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
-#include <stellatrain/core/float16.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/detail/cpu_relax.hpp>
 #include <stellatrain/pack/detail/merge_windows.hpp>
@@ -145,9 +143,9 @@ class sparse_merger {
     I* const oi = out.indices().data();
     float* const ov = out.values().data();
     if (chunks == 1) {
-      std::copy(starts_.begin(), starts_.begin() + static_cast<std::ptrdiff_t>(w_count), cuts_.begin());
-      out.resize(detail::merge_windows<V, I>(inputs, cuts_.data(), starts_.data() + w_count, cuts_.data() + w_count, n,
-                                             scale, marks_[0], oi, ov));
+      // starts_'s first row serves as the heads (it ends equal to the second).
+      out.resize(detail::merge_windows<V, I>(inputs, starts_.data(), starts_.data() + w_count, cuts_.data(), n, scale,
+                                             marks_[0], oi, ov));
       return;
     }
     // Every chunk is written at its final place, which is known once the chunks before it have
@@ -165,50 +163,20 @@ class sparse_merger {
     std::atomic<std::uint64_t> next{0};
     ex.bulk(tasks, [&](std::size_t t) {
       detail::merge_marks* const marks = marks_.data() + t * marked;
-      std::uint64_t* const cut = cuts_.data() + t * cut_rows * w_count;  // row j: where window j starts
+      std::uint64_t* const cut = cuts_.data() + t * cut_rows * w_count;
+      // On an error here or in a chunk before: zero the marks (clearing a clear window does no
+      // harm) and release the chunks after this one.
+      auto give_up = [&](std::uint64_t c) {
+        for (std::size_t k = 0; k < marked; ++k) marks[k].clear();
+        ready_[c + 1].store(failed, std::memory_order_release);
+      };
       for (std::uint64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
            c = next.fetch_add(1, std::memory_order_relaxed)) {
-        const std::uint64_t* const end = starts_.data() + (c + 1) * w_count;
-        std::copy(end - w_count, end, cut);
-        std::size_t j = 0;
-        std::uint64_t count = 0;
-        bool whole = false;  // every window of the chunk is marked
         try {
-          for (; j < marked; ++j) {
-            if (!detail::mark_window<V, I>(inputs, cut + j * w_count, end, cut + (j + 1) * w_count, n, marks[j])) {
-              whole = true;
-              break;
-            }
-            count += marks[j].count;
-          }
-          whole = whole || std::equal(cut + marked * w_count, cut + (marked + 1) * w_count, end);
+          if (!merge_chunk<V, I>(inputs, c, marks, cut, n, scale, oi, ov)) give_up(c);
         } catch (...) {
-          for (std::size_t k = 0; k < j; ++k) marks[k].clear();
-          ready_[c + 1].store(failed, std::memory_order_release);
+          give_up(c);
           throw;
-        }
-        const std::uint64_t at = wait_ready(c);
-        if (at == failed) {
-          for (std::size_t k = 0; k < j; ++k) marks[k].clear();
-          ready_[c + 1].store(failed, std::memory_order_release);
-          continue;
-        }
-        if (whole) ready_[c + 1].store(at + count, std::memory_order_release);
-        std::uint64_t written = 0;
-        for (std::size_t k = 0; k < j; ++k) {
-          detail::write_window<V, I>(inputs, cut + k * w_count, cut + (k + 1) * w_count, scale, marks[k],
-                                     oi + at + written, ov + at + written);
-          written += marks[k].count;
-        }
-        if (!whole) {
-          try {
-            written += detail::merge_windows<V, I>(inputs, cut + marked * w_count, end, cut + (marked + 1) * w_count,
-                                                   n, scale, marks[0], oi + at + written, ov + at + written);
-          } catch (...) {
-            ready_[c + 1].store(failed, std::memory_order_release);
-            throw;
-          }
-          ready_[c + 1].store(at + written, std::memory_order_release);
         }
       }
     });
@@ -321,6 +289,40 @@ class sparse_merger {
         starts_[c * w_count + w] = pos;
       }
     }
+  }
+
+  // Merges chunk c (see `merge`): marks its windows into `marks` (up to merge_marked_windows;
+  // row j of `cut` is where window j starts), waits for the chunk's start, publishes its end and
+  // writes the marked windows there; a chunk with more windows merges the rest in place and
+  // publishes its end after them. Returns false, writing nothing, if a chunk before it failed.
+  template <class V, class I>
+  bool merge_chunk(std::span<const sparse_view<const V, const I>> inputs, std::uint64_t c, detail::merge_marks* marks,
+                   std::uint64_t* cut, std::uint64_t n, float scale, I* oi, float* ov) {
+    const std::size_t w_count = inputs.size();
+    const std::uint64_t* const end = starts_.data() + (c + 1) * w_count;
+    std::copy(end - w_count, end, cut);
+    std::size_t j = 0;
+    std::uint64_t count = 0;
+    while (j < detail::merge_marked_windows &&
+           detail::mark_window<V, I>(inputs, cut + j * w_count, end, cut + (j + 1) * w_count, n, marks[j])) {
+      count += marks[j++].count;
+    }
+    const bool whole = std::equal(cut + j * w_count, cut + (j + 1) * w_count, end);  // nothing left to mark
+    const std::uint64_t at = wait_ready(c);
+    if (at == failed) return false;
+    if (whole) ready_[c + 1].store(at + count, std::memory_order_release);
+    std::uint64_t written = 0;
+    for (std::size_t k = 0; k < j; ++k) {
+      detail::write_window<V, I>(inputs, cut + k * w_count, cut + (k + 1) * w_count, scale, marks[k], oi + at + written,
+                                 ov + at + written);
+      written += marks[k].count;
+    }
+    if (!whole) {
+      written += detail::merge_windows<V, I>(inputs, cut + j * w_count, end, cut + (j + 1) * w_count, n, scale, marks[0],
+                                             oi + at + written, ov + at + written);
+      ready_[c + 1].store(at + written, std::memory_order_release);
+    }
+    return true;
   }
 
   // Where chunk c starts, once the chunks before it have counted (or `failed`): polls, then
