@@ -61,8 +61,8 @@ namespace detail {
 // Pairs per merge chunk, the unit the threads claim in order.
 inline constexpr std::uint64_t merge_chunk_pairs = 16384;
 inline constexpr std::uint64_t merge_max_chunks = 4096;
-// Windows a task marks ahead (about 100 KiB of marks, in L2): a chunk spanning more waits for
-// its start before it writes the rest.
+// Windows a task marks ahead (about 100 KiB of marks, in L2): a chunk spanning more writes the
+// rest in place and publishes its end only after that.
 inline constexpr std::size_t merge_marked_windows = 32;
 // Elements per dense scatter piece (256 KiB of floats: L2-resident while the inputs stream).
 inline constexpr std::uint64_t scatter_piece = std::uint64_t{1} << 16;
