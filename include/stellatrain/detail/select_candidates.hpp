@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -194,11 +195,11 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
       // Bit j: masks[j] is not zero. Kept in a register as the masks are made: reading the
       // stored masks back as wider words would wait for the narrow stores to reach the cache.
       std::uint64_t map = 0;
-      // Phase 1 for vector j of the block: its comparison mask, a prefetch once per line, and
-      // the counters on the first 32 of every 128 elements. With `Known`, `Q` is the vector's
-      // place in its 128 elements at compile time (full blocks, unrolled: no branch left);
-      // otherwise both checks run per vector (the last, partial block of a chunk).
-      auto scan = [&]<bool Known, std::uint64_t Q>(std::uint64_t j) __attribute__((always_inline)) {
+      // Phase 1 for vector j of the block: its comparison with the bound, a prefetch once per
+      // line, and the counters on the first 32 of every 128 elements. With `Known`, `Q` is the
+      // vector's place in its 128 elements at compile time (full blocks, unrolled: no branch
+      // left); otherwise both checks run per vector (the last, partial block of a chunk).
+      auto compare = [&]<bool Known, std::uint64_t Q>(std::uint64_t j) __attribute__((always_inline)) {
         const std::uint64_t p = i + j * w;
         if constexpr (Known) {
           if constexpr (Q % vectors_per_line == 0) src.prefetch(p + ahead);
@@ -206,14 +207,32 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
           src.prefetch(p + ahead);
         }
         const ibatch key = src.template load<Arch>(p) & kmask;
-        const auto lanes = ops::mask_bits(key > low);
-        masks[j] = static_cast<mask_type>(lanes);
-        map |= static_cast<std::uint64_t>(lanes != 0) << j;
         if constexpr (Counters > 0) {
           if (Known ? Q < counted_vectors : (p - b) % 128 < 32) {
             ops::count_into(acc0, key > edge0);
             if constexpr (Counters > 1) ops::count_into(acc1, key > edge1);
           }
+        }
+        return key > low;
+      };
+      // ... and its mask, one vector at a time.
+      auto scan = [&]<bool Known, std::uint64_t Q>(std::uint64_t j) __attribute__((always_inline)) {
+        const auto lanes = ops::mask_bits(compare.template operator()<Known, Q>(j));
+        masks[j] = static_cast<mask_type>(lanes);
+        map |= static_cast<std::uint64_t>(lanes != 0) << j;
+      };
+      // ... eight vectors at a time where the masks pack (vector j0 + q at place Q0 + q).
+      auto scan8 = [&]<std::uint64_t Q0>(std::uint64_t j0) __attribute__((always_inline)) {
+        if constexpr (ops::packs_masks8) {
+          static_assert(sizeof(mask_type) == 1 && group_vectors % 8 == 0);
+          std::array<typename ops::ibool, 8> cmp;
+          [&]<std::uint64_t... Q>(std::integer_sequence<std::uint64_t, Q...>) __attribute__((always_inline)) {
+            ((cmp[Q] = compare.template operator()<true, Q0 + Q>(j0 + Q)), ...);
+          }(std::make_integer_sequence<std::uint64_t, 8>{});
+          std::uint32_t nonempty = 0;
+          const std::uint64_t word = ops::mask_bytes8(cmp, nonempty);
+          std::memcpy(masks + j0, &word, sizeof word);
+          map |= std::uint64_t{nonempty} << j0;
         }
       };
       while (i + w <= e) {
@@ -225,9 +244,15 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
           // multiple of 64 w (so of 128, static_asserted above) elements past the chunk's
           // start, so these are the elements the per-vector checks would pick.
           for (std::uint64_t g0 = 0; g0 < pass_block_vectors; g0 += group_vectors) {
-            [&]<std::uint64_t... Q>(std::integer_sequence<std::uint64_t, Q...>) __attribute__((always_inline)) {
-              (scan.template operator()<true, Q>(g0 + Q), ...);
-            }(std::make_integer_sequence<std::uint64_t, group_vectors>{});
+            if constexpr (ops::packs_masks8) {
+              [&]<std::uint64_t... H>(std::integer_sequence<std::uint64_t, H...>) __attribute__((always_inline)) {
+                (scan8.template operator()<8 * H>(g0 + 8 * H), ...);
+              }(std::make_integer_sequence<std::uint64_t, group_vectors / 8>{});
+            } else {
+              [&]<std::uint64_t... Q>(std::integer_sequence<std::uint64_t, Q...>) __attribute__((always_inline)) {
+                (scan.template operator()<true, Q>(g0 + Q), ...);
+              }(std::make_integer_sequence<std::uint64_t, group_vectors>{});
+            }
           }
         } else {
           for (std::uint64_t j = 0; j < nv; ++j) scan.template operator()<false, 0>(j);
@@ -383,12 +408,46 @@ void kth_first_level(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
 }
 
 // Copies the keys of [b, e) of `src` (masked) that lie in [bin_lo, bin_hi] to `dst` from its
-// start; returns how many, and widens [lo, hi] to them. Branch-free.
-inline std::uint64_t keep_bin(const std::uint32_t* src, std::uint64_t b, std::uint64_t e, std::uint32_t mask,
-                              std::uint32_t bin_lo, std::uint32_t bin_hi, std::uint32_t* dst, std::uint32_t& lo,
-                              std::uint32_t& hi) noexcept {
+// start; returns how many, and widens [lo, hi] to them. Branch-free. `dst` may be `src + b`
+// (in place); up to a vector's width of entries past those kept may be written, never past
+// dst + (e - b). Masked keys are below 2^31 (key masks clear the top bit).
+template <class Arch>
+std::uint64_t keep_bin(const std::uint32_t* src, std::uint64_t b, std::uint64_t e, std::uint32_t mask,
+                       std::uint32_t bin_lo, std::uint32_t bin_hi, std::uint32_t* dst, std::uint32_t& lo,
+                       std::uint32_t& hi) noexcept {
   std::uint64_t kept = 0;
-  for (std::uint64_t j = b; j < e; ++j) {
+  std::uint64_t j = b;
+  if constexpr (!is_scalar_arch<Arch>) {
+    using ops = lane_ops<Arch>;
+    using ibatch = typename ops::ibatch;
+    if constexpr (ops::branchless_compress) {
+      constexpr std::uint64_t w = ops::width;
+      const ibatch kmask(static_cast<std::int32_t>(mask));
+      // Signed compares: keys and bin_lo are below 2^31, bin_hi is clamped to it.
+      const ibatch below(static_cast<std::int32_t>(bin_lo) - 1);
+      const ibatch top(static_cast<std::int32_t>(std::min<std::uint32_t>(bin_hi, 0x7fffffffu)));
+      ibatch vlo(std::numeric_limits<std::int32_t>::max());
+      ibatch vhi(-1);
+      for (; j + w <= e; j += w) {
+        const ibatch key = ibatch::load_unaligned(reinterpret_cast<const std::int32_t*>(src + j)) & kmask;
+        const auto in = (key > below) & !(key > top);
+        vlo = xsimd::select(in, ops::min(vlo, key), vlo);
+        vhi = xsimd::select(in, ops::max(vhi, key), vhi);
+        kept += ops::compress(ops::mask_bits(in), key, dst + kept);
+      }
+      alignas(64) std::int32_t lanes_lo[w];
+      alignas(64) std::int32_t lanes_hi[w];
+      vlo.store_aligned(lanes_lo);
+      vhi.store_aligned(lanes_hi);
+      for (std::uint64_t l = 0; l < w; ++l) {
+        if (lanes_hi[l] >= 0) {  // the lane kept a key
+          lo = std::min(lo, static_cast<std::uint32_t>(lanes_lo[l]));
+          hi = std::max(hi, static_cast<std::uint32_t>(lanes_hi[l]));
+        }
+      }
+    }
+  }
+  for (; j < e; ++j) {
     const std::uint32_t key = src[j] & mask;
     dst[kept] = key;
     const bool in = key - bin_lo <= bin_hi - bin_lo;  // bin_lo <= key <= bin_hi
@@ -401,7 +460,7 @@ inline std::uint64_t keep_bin(const std::uint32_t* src, std::uint64_t b, std::ui
 
 /// The k-th largest stored key (1 <= k <= ws.count) from a first level: each further level
 /// keeps only the bin that holds the k-th key (so it touches few keys), in `ws.keys`.
-template <executor Ex>
+template <class Arch, executor Ex>
 kth_key kth_resolve(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, const kth_search& s, std::uint64_t k) {
   STELLATRAIN_ASSERT(k >= 1 && k <= ws.count, "kth_resolve: k out of range");
   const std::uint32_t* const bits = ws.bits.data();
@@ -437,14 +496,14 @@ kth_key kth_resolve(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, con
     std::uint32_t new_hi = bin_lo;
     const std::uint64_t pieces = first ? candidate_pieces(ex, count) : 1;
     if (pieces == 1) {
-      count = keep_bin(first ? bits : keys, 0, count, first ? key_mask : 0xffffffffu, bin_lo, bin_hi, keys, new_lo,
+      count = keep_bin<Arch>(first ? bits : keys, 0, count, first ? key_mask : 0xffffffffu, bin_lo, bin_hi, keys, new_lo,
                        new_hi);
     } else {
       std::uint64_t* const info = ws.piece_hist.data();  // per piece: kept, lo, hi
       for_each_piece(ex, count, pieces, [&](std::uint64_t p, std::uint64_t b, std::uint64_t e) {
         std::uint32_t plo = bin_hi;
         std::uint32_t phi = bin_lo;
-        info[3 * p] = keep_bin(bits, b, e, key_mask, bin_lo, bin_hi, keys + b, plo, phi);
+        info[3 * p] = keep_bin<Arch>(bits, b, e, key_mask, bin_lo, bin_hi, keys + b, plo, phi);
         info[3 * p + 1] = plo;
         info[3 * p + 2] = phi;
       });
@@ -468,11 +527,11 @@ kth_key kth_resolve(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, con
 
 /// The k-th largest magnitude key among the stored candidates (1 <= k <= ws.count): radix
 /// narrowing with 11-bit digits over the range of the keys actually present.
-template <executor Ex>
+template <class Arch, executor Ex>
 kth_key find_kth_candidate(Ex& ex, candidate_workspace& ws, std::uint64_t k, std::uint32_t key_mask) {
   kth_search s;
   kth_first_level(ex, ws, key_mask, s);
-  return kth_resolve(ex, ws, key_mask, s, k);
+  return kth_resolve<Arch>(ex, ws, key_mask, s, k);
 }
 
 /// A lower bound of the k-th largest stored key (1 <= k <= ws.count) from the first level
@@ -484,17 +543,86 @@ kth_key find_kth_candidate(Ex& ex, candidate_workspace& ws, std::uint64_t k, std
   return s.lo + (d << s.shift);
 }
 
+// Counts the stored keys of [first, last) above `t` (into gt) and equal to it (into eq).
+template <class Arch>
+void count_around(const std::uint32_t* bits, std::uint64_t first, std::uint64_t last, std::uint32_t key_mask,
+                  std::uint32_t t, std::uint64_t& gt, std::uint64_t& eq) noexcept {
+  std::uint64_t j = first;
+  if constexpr (!is_scalar_arch<Arch>) {
+    using ops = lane_ops<Arch>;
+    using ibatch = typename ops::ibatch;
+    constexpr std::uint64_t w = ops::width;
+    const ibatch kmask(static_cast<std::int32_t>(key_mask));
+    const ibatch tv(static_cast<std::int32_t>(t));
+    ibatch above(0);
+    ibatch at(0);
+    for (; j + w <= last; j += w) {
+      const ibatch key = ibatch::load_unaligned(reinterpret_cast<const std::int32_t*>(bits + j)) & kmask;
+      ops::count_into(above, key > tv);
+      ops::count_into(at, key == tv);
+    }
+    gt += static_cast<std::uint64_t>(ops::sum_lanes(above));
+    eq += static_cast<std::uint64_t>(ops::sum_lanes(at));
+  }
+  for (; j < last; ++j) {
+    const std::uint32_t key = bits[j] & key_mask;
+    gt += key > t ? 1u : 0u;
+    eq += key == t ? 1u : 0u;
+  }
+}
+
+// Copies the stored entries of [first, last) (offsets in `local`, raw bits in `bits`) whose
+// key is above `t`, or equal to it while `quota` lasts (lowest position first), to the front
+// of `out_local` and `out_bits`, in order; returns how many. The outputs need room for
+// last - first entries plus a vector's width.
+template <class Arch>
+std::uint64_t choose_segment(const std::uint32_t* local, const std::uint32_t* bits, std::uint64_t first,
+                             std::uint64_t last, std::uint32_t key_mask, std::uint32_t t, std::uint64_t& quota,
+                             std::uint32_t* STELLATRAIN_RESTRICT out_local,
+                             std::uint32_t* STELLATRAIN_RESTRICT out_bits) noexcept {
+  std::uint64_t chosen = 0;
+  std::uint64_t j = first;
+  if constexpr (!is_scalar_arch<Arch>) {
+    using ops = lane_ops<Arch>;
+    using ibatch = typename ops::ibatch;
+    if constexpr (ops::branchless_compress) {
+      constexpr std::uint64_t w = ops::width;
+      const ibatch kmask(static_cast<std::int32_t>(key_mask));
+      const ibatch tv(static_cast<std::int32_t>(t));
+      for (; j + w <= last; j += w) {
+        const ibatch raw = ibatch::load_unaligned(reinterpret_cast<const std::int32_t*>(bits + j));
+        const ibatch key = raw & kmask;
+        std::uint32_t keep = ops::mask_bits(key > tv);
+        // Keys equal to the k-th are rare (one per call for continuous values).
+        for (std::uint32_t tie = ops::mask_bits(key == tv); tie != 0 && quota > 0; tie &= tie - 1, --quota) {
+          keep |= tie & (0u - tie);
+        }
+        chosen += ops::compress2(keep, ibatch::load_unaligned(reinterpret_cast<const std::int32_t*>(local + j)),
+                                 raw, out_local + chosen, out_bits + chosen);
+      }
+    }
+  }
+  for (; j < last; ++j) {
+    const std::uint32_t key = bits[j] & key_mask;
+    const bool tie = key == t && quota > 0;
+    quota -= tie ? 1u : 0u;
+    out_local[chosen] = local[j];
+    out_bits[chosen] = bits[j];
+    chosen += (key > t || tie) ? 1u : 0u;
+  }
+  return chosen;
+}
+
 /// Calls `emit(out, index, bits)` for the selected candidates, in ascending index order with
 /// `out` counting from 0: every candidate whose key is above `kth.key`, then of those equal
 /// to it the (k - kth.greater) of lowest index. Groups of segments run in parallel; `emit` is
 /// called concurrently for different `out`.
-template <executor Ex, class Emit>
+template <class Arch, executor Ex, class Emit>
 void emit_candidates(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kth_key kth,
                      std::uint64_t k, Emit&& emit) {
   const candidate_segment* const segs = ws.segments.data();
   const std::uint32_t* const local = ws.local.data();
   const std::uint32_t* const bits = ws.bits.data();
-  std::uint32_t* const picked = ws.keys.data();  // scratch: store positions of the chosen
   emit_group* const groups = ws.groups.data();
   const std::size_t concurrency = std::max<std::size_t>(ex.concurrency(), 1);
   const std::uint64_t target = concurrency == 1 ? ws.count : std::max<std::uint64_t>(8192, ws.count / (4 * concurrency));
@@ -503,7 +631,11 @@ void emit_candidates(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
     emit_group g;
     g.seg_begin = s;
     std::uint64_t in_group = 0;
-    while (s < ws.segment_count && in_group < target) in_group += segs[s++].count;
+    while (s < ws.segment_count && in_group < target) {
+      // A chunk flushes at most a staging buffer at a time: what `emit_group_fn` stages.
+      STELLATRAIN_ASSERT(segs[s].count <= staging_entries, "emit_candidates: segment larger than a staging buffer");
+      in_group += segs[s++].count;
+    }
     g.seg_end = s;
     groups[ngroups++] = g;
   }
@@ -514,11 +646,7 @@ void emit_candidates(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
       std::uint64_t gt = 0;
       std::uint64_t eq = 0;
       for (std::uint64_t s = g.seg_begin; s < g.seg_end; ++s) {
-        for (std::uint64_t j = segs[s].offset; j < segs[s].offset + segs[s].count; ++j) {
-          const std::uint32_t key = bits[j] & key_mask;
-          gt += key > t ? 1u : 0u;
-          eq += key == t ? 1u : 0u;
-        }
+        count_around<Arch>(bits, segs[s].offset, segs[s].offset + segs[s].count, key_mask, t, gt, eq);
       }
       g.greater = gt;
       g.equal = eq;
@@ -536,24 +664,15 @@ void emit_candidates(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
     const emit_group& g = groups[gi];
     std::uint64_t pos = g.out;
     std::uint64_t quota = g.quota;
+    // The chosen entries of a segment, staged (a compress per vector), then emitted in order.
+    alignas(64) std::uint32_t chosen_local[staging_entries + staging_slack];
+    alignas(64) std::uint32_t chosen_bits[staging_entries + staging_slack];
     for (std::uint64_t s = g.seg_begin; s < g.seg_end; ++s) {
       const std::uint64_t first = segs[s].offset;
-      const std::uint64_t last = first + segs[s].count;
-      // Which stored positions to emit, without a branch per candidate (about one in
-      // k margin / k is skipped, at random), then the emission itself.
-      std::uint64_t chosen = 0;
-      for (std::uint64_t j = first; j < last; ++j) {
-        const std::uint32_t key = bits[j] & key_mask;
-        const bool tie = key == t && quota > 0;
-        quota -= tie ? 1u : 0u;
-        picked[first + chosen] = static_cast<std::uint32_t>(j - first);
-        chosen += (key > t || tie) ? 1u : 0u;
-      }
+      const std::uint64_t chosen = choose_segment<Arch>(local, bits, first, first + segs[s].count, key_mask, t,
+                                                        quota, chosen_local, chosen_bits);
       const std::uint64_t base = segs[s].chunk_begin;
-      for (std::uint64_t c = 0; c < chosen; ++c) {
-        const std::uint64_t j = first + picked[first + c];
-        emit(pos++, base + local[j], bits[j]);
-      }
+      for (std::uint64_t c = 0; c < chosen; ++c) emit(pos++, base + chosen_local[c], chosen_bits[c]);
     }
   };
   if (ngroups == 1) {

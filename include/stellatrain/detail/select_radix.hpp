@@ -117,8 +117,8 @@ select_outcome radix_select_full(Ex& ex, const Reader& rd, std::uint64_t n, std:
       [[maybe_unused]] const collect_result r = collect_candidates<Arch>(ex, rd, n, bin_lo, {0, 0}, ws);
       ++outcome.passes;
       STELLATRAIN_ASSERT(!r.overflow && r.count == at_or_above, "radix_select_full: recount differs");
-      const kth_key kth = find_kth_candidate(ex, ws, k, key_mask);
-      emit_candidates(ex, ws, key_mask, kth, k, emit);
+      const kth_key kth = find_kth_candidate<Arch>(ex, ws, k, key_mask);
+      emit_candidates<Arch>(ex, ws, key_mask, kth, k, emit);
       outcome.kth_key = kth.key;
       outcome.count = k;
       outcome.candidates_valid = true;
@@ -200,8 +200,8 @@ select_outcome select_exact(Ex& ex, const Source& src, std::uint64_t n, std::uin
   const collect_result r = collect_candidates<Arch>(ex, src, n, low, {0, 0}, ws);
   outcome.passes = 1;
   if (!r.overflow && r.count >= k) {
-    const kth_key kth = find_kth_candidate(ex, ws, k, key_mask);
-    emit_candidates(ex, ws, key_mask, kth, k, emit);
+    const kth_key kth = find_kth_candidate<Arch>(ex, ws, k, key_mask);
+    emit_candidates<Arch>(ex, ws, key_mask, kth, k, emit);
     outcome.kth_key = kth.key;
     outcome.count = k;
     outcome.candidates_valid = true;

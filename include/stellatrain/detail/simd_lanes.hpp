@@ -76,8 +76,8 @@ struct lane_ops {
   using ibool = xsimd::batch_bool<std::int32_t, Arch>;
   static constexpr std::size_t width = ibatch::size;
   static constexpr lane_isa isa = lane_isa_of<Arch>();
-  /// Whether `compress2` is branch-free (a permutation or a compress instruction) rather than
-  /// a loop over the set bits.
+  /// Whether `compress` and `compress2` are branch-free (a permutation or a compress
+  /// instruction) rather than a loop over the set bits.
   static constexpr bool branchless_compress = isa == lane_isa::avx2 || isa == lane_isa::avx512;
 
   static ibatch iota() noexcept {
@@ -137,6 +137,38 @@ struct lane_ops {
     }
   }
 
+  /// Whether `mask_bytes8` is available: AVX2, whose 8 lanes make a byte per comparison.
+  static constexpr bool packs_masks8 = isa == lane_isa::avx2;
+
+  /// The lane bits of eight comparisons in one word, byte q holding those of m[q] (bit l:
+  /// lane l), as eight `mask_bits` would give them; bit q of `nonempty` is set where m[q] has
+  /// a set lane. Two packs per pair, one permutation and a movemask per four comparisons.
+  STELLATRAIN_FORCE_INLINE static std::uint64_t mask_bytes8(const std::array<ibool, 8>& m, std::uint32_t& nonempty) noexcept
+    requires packs_masks8
+  {
+#if XSIMD_WITH_AVX2
+    auto v = [&](std::size_t q) { return static_cast<__m256i>(m[q]); };
+    // Within each 128-bit half the packs leave 4-lane groups in the order (m0 lo, m1 lo, m2
+    // lo, m3 lo | m0 hi, m1 hi, m2 hi, m3 hi); the permutation puts each comparison's 8 lanes
+    // together.
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i first = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(v(0), v(1)), _mm256_packs_epi32(v(2), v(3))), order);
+    const __m256i second = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(v(4), v(5)), _mm256_packs_epi32(v(6), v(7))), order);
+    const __m256i zero = _mm256_setzero_si256();
+    const auto empty = static_cast<std::uint32_t>(
+        _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(first, zero))) |
+        (_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(second, zero))) << 4));
+    nonempty = ~empty & 0xffu;
+    return std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_epi8(first))} |
+           (std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_epi8(second))} << 32);
+#else
+    nonempty = 0;
+    return 0;
+#endif
+  }
+
   /// Sum of the lanes (through memory: xsimd 8's AVX-512 reduction trips GCC 12 warnings).
   static std::int64_t sum_lanes(const ibatch& v) noexcept {
     alignas(64) std::int32_t lanes[width];
@@ -146,8 +178,8 @@ struct lane_ops {
     return s;
   }
 
-  /// Lane-wise maximum. (On AVX-512 a masked max with a defined pass-through operand: GCC 12
-  /// warns, wrongly, inside the unmasked intrinsic.)
+  /// Lane-wise maximum and minimum. (On AVX-512 masked forms with a defined pass-through operand: GCC 12
+  /// warns, wrongly, inside the unmasked intrinsics.)
   static ibatch max(const ibatch& a, const ibatch& b) noexcept {
     if constexpr (isa == lane_isa::avx512) {
 #if XSIMD_WITH_AVX512F
@@ -156,6 +188,17 @@ struct lane_ops {
 #endif
     } else {
       return xsimd::max(a, b);
+    }
+  }
+
+  static ibatch min(const ibatch& a, const ibatch& b) noexcept {
+    if constexpr (isa == lane_isa::avx512) {
+#if XSIMD_WITH_AVX512F
+      return ibatch(_mm512_mask_min_epi32(static_cast<__m512i>(a), static_cast<__mmask16>(0xffff),
+                                          static_cast<__m512i>(a), static_cast<__m512i>(b)));
+#endif
+    } else {
+      return xsimd::min(a, b);
     }
   }
 
@@ -188,15 +231,37 @@ struct lane_ops {
     }
   }
 
-  /// Writes the lanes of `a` and of `b` whose bit is set in `mask`, in lane order, to `pa` and
-  /// `pb`; returns how many. May write up to `width` entries to each (room must exist).
+  /// Writes the lanes of `a` whose bit is set in `mask`, in lane order, to `pa`; returns how
+  /// many. May write up to `width` entries (room must exist).
+  static std::uint32_t compress(std::uint32_t mask, const ibatch& a, std::uint32_t* pa) noexcept {
+    if constexpr (isa == lane_isa::avx512) {
+#if XSIMD_WITH_AVX512F
+      // Compress into a register, then a plain store: compress-to-memory is microcoded and
+      // slow on several cores.
+      _mm512_storeu_si512(pa, _mm512_maskz_compress_epi32(static_cast<__mmask16>(mask), static_cast<__m512i>(a)));
+      return static_cast<std::uint32_t>(std::popcount(mask));
+#endif
+    } else if constexpr (isa == lane_isa::avx2) {
+#if XSIMD_WITH_AVX2
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pa),
+                          _mm256_permutevar8x32_epi32(static_cast<__m256i>(a), avx2_compress_permutation(mask)));
+      return static_cast<std::uint32_t>(std::popcount(mask));
+#endif
+    } else {
+      alignas(64) std::int32_t la[width];
+      a.store_aligned(la);
+      std::uint32_t c = 0;
+      for (; mask != 0; mask &= mask - 1) pa[c++] = static_cast<std::uint32_t>(la[std::countr_zero(mask)]);
+      return c;
+    }
+  }
+
+  /// As `compress`, for two batches under one mask, into `pa` and `pb`.
   static std::uint32_t compress2(std::uint32_t mask, const ibatch& a, const ibatch& b,
                                  std::uint32_t* STELLATRAIN_RESTRICT pa,
                                  std::uint32_t* STELLATRAIN_RESTRICT pb) noexcept {
     if constexpr (isa == lane_isa::avx512) {
 #if XSIMD_WITH_AVX512F
-      // Compress into a register, then a plain store: compress-to-memory is microcoded and
-      // slow on several cores.
       const auto k = static_cast<__mmask16>(mask);
       _mm512_storeu_si512(pa, _mm512_maskz_compress_epi32(k, static_cast<__m512i>(a)));
       _mm512_storeu_si512(pb, _mm512_maskz_compress_epi32(k, static_cast<__m512i>(b)));
@@ -204,10 +269,7 @@ struct lane_ops {
 #endif
     } else if constexpr (isa == lane_isa::avx2) {
 #if XSIMD_WITH_AVX2
-      const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
-      const __m256i perm = _mm256_and_si256(
-          _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(compress_permutation_8[mask])), shifts),
-          _mm256_set1_epi32(7));
+      const __m256i perm = avx2_compress_permutation(mask);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pa),
                           _mm256_permutevar8x32_epi32(static_cast<__m256i>(a), perm));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb),
@@ -220,16 +282,26 @@ struct lane_ops {
       a.store_aligned(la);
       b.store_aligned(lb);
       std::uint32_t c = 0;
-      while (mask != 0) {
+      for (; mask != 0; mask &= mask - 1) {
         const int l = std::countr_zero(mask);
         pa[c] = static_cast<std::uint32_t>(la[l]);
         pb[c] = static_cast<std::uint32_t>(lb[l]);
         ++c;
-        mask &= mask - 1;
       }
       return c;
     }
   }
+
+ private:
+#if XSIMD_WITH_AVX2
+  // The lane permutation that moves the lanes set in an 8-bit mask to the front.
+  static __m256i avx2_compress_permutation(std::uint32_t mask) noexcept {
+    const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+    return _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(compress_permutation_8[mask])), shifts),
+        _mm256_set1_epi32(7));
+  }
+#endif
 };
 
 }  // namespace stellatrain::detail

@@ -62,8 +62,8 @@ select_outcome sampled_threshold_select(Ex& ex, const Source& src, std::uint64_t
     outcome = radix_select_full<Arch>(ex, src.reread(), n, k, ws, rw, emit);
     outcome.passes += 1;
   } else if (r.count >= k) {
-    const kth_key kth = find_kth_candidate(ex, ws, k, key_mask);
-    emit_candidates(ex, ws, key_mask, kth, k, emit);
+    const kth_key kth = find_kth_candidate<Arch>(ex, ws, k, key_mask);
+    emit_candidates<Arch>(ex, ws, key_mask, kth, k, emit);
     outcome.kth_key = kth.key;
     outcome.count = k;
   } else {

@@ -106,8 +106,8 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
     } else if (band.count >= k) {
       kth_first_level(ex, ws, key_mask, first_level);
       have_first_level = true;
-      const kth_key kth = kth_resolve(ex, ws, key_mask, first_level, k);
-      emit_candidates(ex, ws, key_mask, kth, k, emit);
+      const kth_key kth = kth_resolve<Arch>(ex, ws, key_mask, first_level, k);
+      emit_candidates<Arch>(ex, ws, key_mask, kth, k, emit);
       outcome.kth_key = kth.key;
       outcome.count = k;
       outcome.candidates_valid = true;
