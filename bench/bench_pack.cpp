@@ -4,7 +4,8 @@
 //                                           pair: what the reference sends), T threads
 //   BM_pack_pack/<index>/<value>/ppm:P/threads:T    pack K = P * 25M / 1e6 pairs of a 25M tensor
 //   BM_pack_unpack/<index>/<value>/ppm:P/threads:T  parse (checksum + full validation) and decode
-//                                           into u32 indices and float values
+//                                           into u32 indices and float values, under one
+//                                           stay_awake guard (as the unpacker's comment advises)
 //   BM_pack_merge/lists:4/k:250000/threads:T      k-way merge of 4 sorted lists into one
 //   BM_pack_merge_memcpy/lists:4/k:250000/threads:T  memcpy of the merge's input bytes
 //   BM_pack_scatter_add/lists:4/ppm:P/threads:T   the dense alternative of the merge
@@ -115,6 +116,7 @@ void unpack_case(benchmark::State& state, st::index_encoding ie, st::value_encod
   auto indices = sb::prefaulted<std::uint32_t>(sel.indices.size());
   auto values = sb::prefaulted<float>(sel.indices.size());
   for (auto _ : state) {
+    const auto awake = st::stay_awake(ex);  // parse and decode back to back, as documented
     const auto& info = unpacker.parse(message, ex);
     unpacker.decode(0, indices.span(), values.span(), ex);
     benchmark::DoNotOptimize(info.sections.data());

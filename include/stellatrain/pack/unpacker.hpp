@@ -99,6 +99,11 @@ struct unpack_result {
 /// unpacker has been written. After a successful `parse`, `decode` cannot fail on the
 /// message's content; it checks only the caller's buffers (before writing anything).
 ///
+/// `parse` and each `decode` are separate parallel calls on `ex`. With a `thread_pool`, hold
+/// `stellatrain::stay_awake(pool)` from `parse` to the last `decode` (as in the example): the
+/// workers then poll between the calls instead of sleeping, and only the first call pays for
+/// waking them (tens of microseconds each, as much as decoding 100K pairs).
+///
 /// The message bytes must stay valid and unchanged from `parse` to the last `decode`.
 /// Once warm the unpacker allocates nothing (random_k sections use a workspace of n / 8 bytes,
 /// kept between messages; `reserve_random_k` allocates it up front). One unpacker is used by
@@ -107,6 +112,7 @@ struct unpack_result {
 /// \code
 ///   std::vector<stellatrain::tensor_info> model = {{0, 4096}, {1, 25'000'000}};
 ///   stellatrain::message_unpacker unpacker(model);
+///   const auto awake = stellatrain::stay_awake(pool);         // for the calls that follow
 ///   const auto& msg = unpacker.parse(bytes, pool);            // throws on bad input
 ///   for (std::size_t i = 0; i < msg.sections.size(); ++i) {
 ///     auto& buf = buffers[msg.sections[i].tensor];             // capacity >= count
