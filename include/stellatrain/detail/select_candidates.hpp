@@ -429,7 +429,7 @@ std::uint64_t keep_bin(const std::uint32_t* src, std::uint64_t b, std::uint64_t 
       ibatch vlo(std::numeric_limits<std::int32_t>::max());
       ibatch vhi(-1);
       for (; j + w <= e; j += w) {
-        const ibatch key = ibatch::load_unaligned(reinterpret_cast<const std::int32_t*>(src + j)) & kmask;
+        const ibatch key = ops::load_words(src + j) & kmask;
         const auto in = (key > below) & !(key > top);
         vlo = xsimd::select(in, ops::min(vlo, key), vlo);
         vhi = xsimd::select(in, ops::max(vhi, key), vhi);
@@ -496,8 +496,8 @@ kth_key kth_resolve(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, con
     std::uint32_t new_hi = bin_lo;
     const std::uint64_t pieces = first ? candidate_pieces(ex, count) : 1;
     if (pieces == 1) {
-      count = keep_bin<Arch>(first ? bits : keys, 0, count, first ? key_mask : 0xffffffffu, bin_lo, bin_hi, keys, new_lo,
-                       new_hi);
+      count = keep_bin<Arch>(first ? bits : keys, 0, count, first ? key_mask : 0xffffffffu, bin_lo, bin_hi, keys,
+                             new_lo, new_hi);
     } else {
       std::uint64_t* const info = ws.piece_hist.data();  // per piece: kept, lo, hi
       for_each_piece(ex, count, pieces, [&](std::uint64_t p, std::uint64_t b, std::uint64_t e) {
@@ -557,7 +557,7 @@ void count_around(const std::uint32_t* bits, std::uint64_t first, std::uint64_t 
     ibatch above(0);
     ibatch at(0);
     for (; j + w <= last; j += w) {
-      const ibatch key = ibatch::load_unaligned(reinterpret_cast<const std::int32_t*>(bits + j)) & kmask;
+      const ibatch key = ops::load_words(bits + j) & kmask;
       ops::count_into(above, key > tv);
       ops::count_into(at, key == tv);
     }
@@ -590,15 +590,14 @@ std::uint64_t choose_segment(const std::uint32_t* local, const std::uint32_t* bi
       const ibatch kmask(static_cast<std::int32_t>(key_mask));
       const ibatch tv(static_cast<std::int32_t>(t));
       for (; j + w <= last; j += w) {
-        const ibatch raw = ibatch::load_unaligned(reinterpret_cast<const std::int32_t*>(bits + j));
+        const ibatch raw = ops::load_words(bits + j);
         const ibatch key = raw & kmask;
         std::uint32_t keep = ops::mask_bits(key > tv);
         // Keys equal to the k-th are rare (one per call for continuous values).
         for (std::uint32_t tie = ops::mask_bits(key == tv); tie != 0 && quota > 0; tie &= tie - 1, --quota) {
           keep |= tie & (0u - tie);
         }
-        chosen += ops::compress2(keep, ibatch::load_unaligned(reinterpret_cast<const std::int32_t*>(local + j)),
-                                 raw, out_local + chosen, out_bits + chosen);
+        chosen += ops::compress2(keep, ops::load_words(local + j), raw, out_local + chosen, out_bits + chosen);
       }
     }
   }
@@ -633,7 +632,7 @@ void emit_candidates(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
     std::uint64_t in_group = 0;
     while (s < ws.segment_count && in_group < target) {
       // A chunk flushes at most a staging buffer at a time: what `emit_group_fn` stages.
-      STELLATRAIN_ASSERT(segs[s].count <= staging_entries, "emit_candidates: segment larger than a staging buffer");
+      STELLATRAIN_ASSERT(segs[s].count <= staging_entries, "emit_candidates: segment over a staging buffer");
       in_group += segs[s++].count;
     }
     g.seg_end = s;

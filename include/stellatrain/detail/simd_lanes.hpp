@@ -86,6 +86,11 @@ struct lane_ops {
     return ibatch::load_aligned(lanes);
   }
 
+  /// `width` 32-bit words (stored keys or raw bits).
+  static ibatch load_words(const std::uint32_t* p) noexcept {
+    return ibatch::load_unaligned(reinterpret_cast<const std::int32_t*>(p));
+  }
+
   static ibatch load_bits(const float* p) noexcept {
     return xsimd::bitwise_cast<ibatch>(fbatch::load_unaligned(p));
   }
@@ -143,7 +148,8 @@ struct lane_ops {
   /// The lane bits of eight comparisons in one word, byte q holding those of m[q] (bit l:
   /// lane l), as eight `mask_bits` would give them; bit q of `nonempty` is set where m[q] has
   /// a set lane. Two packs per pair, one permutation and a movemask per four comparisons.
-  STELLATRAIN_FORCE_INLINE static std::uint64_t mask_bytes8(const std::array<ibool, 8>& m, std::uint32_t& nonempty) noexcept
+  STELLATRAIN_FORCE_INLINE static std::uint64_t mask_bytes8(const std::array<ibool, 8>& m,
+                                                             std::uint32_t& nonempty) noexcept
     requires packs_masks8
   {
 #if XSIMD_WITH_AVX2
@@ -178,8 +184,8 @@ struct lane_ops {
     return s;
   }
 
-  /// Lane-wise maximum and minimum. (On AVX-512 masked forms with a defined pass-through operand: GCC 12
-  /// warns, wrongly, inside the unmasked intrinsics.)
+  /// Lane-wise maximum and minimum. (On AVX-512 masked forms with a defined pass-through
+  /// operand: GCC 12 warns, wrongly, inside the unmasked intrinsics.)
   static ibatch max(const ibatch& a, const ibatch& b) noexcept {
     if constexpr (isa == lane_isa::avx512) {
 #if XSIMD_WITH_AVX512F
