@@ -222,6 +222,8 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
         map |= static_cast<std::uint64_t>(lanes != 0) << j;
       };
       // ... eight vectors at a time where the masks pack (vector j0 + q at place Q0 + q).
+      // (The check inside: the call to mask_bytes8 does not depend on Q0, so it is compiled
+      // with the enclosing function even where scan8 is never called.)
       auto scan8 = [&]<std::uint64_t Q0>(std::uint64_t j0) __attribute__((always_inline)) {
         if constexpr (ops::packs_masks8) {
           static_assert(sizeof(mask_type) == 1 && group_vectors % 8 == 0);
@@ -417,33 +419,31 @@ std::uint64_t keep_bin(const std::uint32_t* src, std::uint64_t b, std::uint64_t 
                        std::uint32_t& hi) noexcept {
   std::uint64_t kept = 0;
   std::uint64_t j = b;
-  if constexpr (!is_scalar_arch<Arch>) {
+  if constexpr (has_branchless_compress<Arch>()) {
     using ops = lane_ops<Arch>;
     using ibatch = typename ops::ibatch;
-    if constexpr (ops::branchless_compress) {
-      constexpr std::uint64_t w = ops::width;
-      const ibatch kmask(static_cast<std::int32_t>(mask));
-      // Signed compares: keys and bin_lo are below 2^31, bin_hi is clamped to it.
-      const ibatch below(static_cast<std::int32_t>(bin_lo) - 1);
-      const ibatch top(static_cast<std::int32_t>(std::min<std::uint32_t>(bin_hi, 0x7fffffffu)));
-      ibatch vlo(std::numeric_limits<std::int32_t>::max());
-      ibatch vhi(-1);
-      for (; j + w <= e; j += w) {
-        const ibatch key = ops::load_words(src + j) & kmask;
-        const auto in = (key > below) & !(key > top);
-        vlo = xsimd::select(in, ops::min(vlo, key), vlo);
-        vhi = xsimd::select(in, ops::max(vhi, key), vhi);
-        kept += ops::compress(ops::mask_bits(in), key, dst + kept);
-      }
-      alignas(64) std::int32_t lanes_lo[w];
-      alignas(64) std::int32_t lanes_hi[w];
-      vlo.store_aligned(lanes_lo);
-      vhi.store_aligned(lanes_hi);
-      for (std::uint64_t l = 0; l < w; ++l) {
-        if (lanes_hi[l] >= 0) {  // the lane kept a key
-          lo = std::min(lo, static_cast<std::uint32_t>(lanes_lo[l]));
-          hi = std::max(hi, static_cast<std::uint32_t>(lanes_hi[l]));
-        }
+    constexpr std::uint64_t w = ops::width;
+    const ibatch kmask(static_cast<std::int32_t>(mask));
+    // Signed compares: keys and bin_lo are below 2^31, bin_hi is clamped to it.
+    const ibatch below(static_cast<std::int32_t>(bin_lo) - 1);
+    const ibatch top(static_cast<std::int32_t>(std::min<std::uint32_t>(bin_hi, 0x7fffffffu)));
+    ibatch vlo(std::numeric_limits<std::int32_t>::max());
+    ibatch vhi(-1);
+    for (; j + w <= e; j += w) {
+      const ibatch key = ops::load_words(src + j) & kmask;
+      const auto in = (key > below) & !(key > top);
+      vlo = xsimd::select(in, ops::min(vlo, key), vlo);
+      vhi = xsimd::select(in, ops::max(vhi, key), vhi);
+      kept += ops::compress(ops::mask_bits(in), key, dst + kept);
+    }
+    alignas(64) std::int32_t lanes_lo[w];
+    alignas(64) std::int32_t lanes_hi[w];
+    vlo.store_aligned(lanes_lo);
+    vhi.store_aligned(lanes_hi);
+    for (std::uint64_t l = 0; l < w; ++l) {
+      if (lanes_hi[l] >= 0) {  // the lane kept a key
+        lo = std::min(lo, static_cast<std::uint32_t>(lanes_lo[l]));
+        hi = std::max(hi, static_cast<std::uint32_t>(lanes_hi[l]));
       }
     }
   }
@@ -582,23 +582,21 @@ std::uint64_t choose_segment(const std::uint32_t* local, const std::uint32_t* bi
                              std::uint32_t* STELLATRAIN_RESTRICT out_bits) noexcept {
   std::uint64_t chosen = 0;
   std::uint64_t j = first;
-  if constexpr (!is_scalar_arch<Arch>) {
+  if constexpr (has_branchless_compress<Arch>()) {
     using ops = lane_ops<Arch>;
     using ibatch = typename ops::ibatch;
-    if constexpr (ops::branchless_compress) {
-      constexpr std::uint64_t w = ops::width;
-      const ibatch kmask(static_cast<std::int32_t>(key_mask));
-      const ibatch tv(static_cast<std::int32_t>(t));
-      for (; j + w <= last; j += w) {
-        const ibatch raw = ops::load_words(bits + j);
-        const ibatch key = raw & kmask;
-        std::uint32_t keep = ops::mask_bits(key > tv);
-        // Keys equal to the k-th are rare (one per call for continuous values).
-        for (std::uint32_t tie = ops::mask_bits(key == tv); tie != 0 && quota > 0; tie &= tie - 1, --quota) {
-          keep |= tie & (0u - tie);
-        }
-        chosen += ops::compress2(keep, ops::load_words(local + j), raw, out_local + chosen, out_bits + chosen);
+    constexpr std::uint64_t w = ops::width;
+    const ibatch kmask(static_cast<std::int32_t>(key_mask));
+    const ibatch tv(static_cast<std::int32_t>(t));
+    for (; j + w <= last; j += w) {
+      const ibatch raw = ops::load_words(bits + j);
+      const ibatch key = raw & kmask;
+      std::uint32_t keep = ops::mask_bits(key > tv);
+      // Keys equal to the k-th are rare (one per call for continuous values).
+      for (std::uint32_t tie = ops::mask_bits(key == tv); tie != 0 && quota > 0; tie &= tie - 1, --quota) {
+        keep |= tie & (0u - tie);
       }
+      chosen += ops::compress2(keep, ops::load_words(local + j), raw, out_local + chosen, out_bits + chosen);
     }
   }
   for (; j < last; ++j) {

@@ -310,4 +310,14 @@ struct lane_ops {
 #endif
 };
 
+// Whether `Arch` has SIMD lanes with a branch-free `compress` (scalar_arch has no lane_ops).
+template <class Arch>
+constexpr bool has_branchless_compress() noexcept {
+  if constexpr (is_scalar_arch<Arch>) {
+    return false;
+  } else {
+    return lane_ops<Arch>::branchless_compress;
+  }
+}
+
 }  // namespace stellatrain::detail
