@@ -4,10 +4,12 @@
 
 #include "catch.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <future>
+#include <latch>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -160,6 +162,43 @@ TEST_CASE("tasks that wait for each other run while workers poll or sleep", "[th
     }
     CHECK(all_ran);
   }
+}
+
+TEST_CASE("at most threads() - 1 workers poll at once", "[thread_pool]") {
+  // Three tasks that wait for each other take all three workers. Afterwards each worker would
+  // poll for `spin`, but a bulk call takes at most two helpers, so the third sleeps: a third
+  // poller would only take a core from the bulk caller or a helper.
+  using namespace std::chrono_literals;
+  thread_pool pool{3, 3s};
+  CHECK(pool.polling_workers() == 0);
+  std::latch started{3};
+  std::vector<std::future<void>> tasks;
+  for (int i = 0; i < 3; ++i) tasks.push_back(pool.submit([&started] { started.arrive_and_wait(); }));
+  for (auto& t : tasks) t.get();
+  // Watch until two workers have polled for 100 ms (or 2 s have passed).
+  std::size_t most = 0;
+  const auto start = std::chrono::steady_clock::now();
+  auto seen_two = start + 2s;
+  for (auto now = start; now < std::min(start + 2s, seen_two + 100ms); now = std::chrono::steady_clock::now()) {
+    const std::size_t polling = pool.polling_workers();
+    if (polling >= 2 && most < 2) seen_two = now;
+    most = std::max(most, polling);
+    std::this_thread::yield();
+  }
+  CHECK(most == 2);
+  // The pollers still take new work: a bulk call runs on the caller and two helpers.
+  std::atomic<int> ran{0};
+  pool.bulk(3, [&](std::size_t) { ran.fetch_add(1); });
+  CHECK(ran.load() == 3);
+}
+
+TEST_CASE("a pool of one polls with its only worker", "[thread_pool]") {
+  using namespace std::chrono_literals;
+  thread_pool pool{1, 3s};
+  pool.submit([] {}).get();
+  const auto until = std::chrono::steady_clock::now() + 2s;
+  while (pool.polling_workers() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  CHECK(pool.polling_workers() == 1);
 }
 
 TEST_CASE("a pool does not poll unless asked; a negative spin is taken as none", "[thread_pool]") {

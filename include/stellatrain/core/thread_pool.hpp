@@ -115,10 +115,11 @@ struct bulk_state {
 /// much as a whole small bulk call. With `spin` > 0 a worker that has finished a task polls for
 /// the next one for that long before it sleeps, and `bulk` polls as long for its helpers, so
 /// calls that follow each other closely (a kernel's phases, one tensor after another) find the
-/// workers awake; a worker polls only after a task, never while the pool is idle. Use it when
-/// the pool's threads have cores to themselves (on 2 cores, 50 us made 2-thread packing of
-/// 250K pairs 1.85x faster); where more threads than cores have work, a polling thread takes
-/// time from one of them.
+/// workers awake; a worker polls only after a task, never while the pool is idle. At most
+/// `threads() - 1` workers poll at once (a bulk call takes no more helpers: its caller is the
+/// last of `threads()`); the others sleep. Use it when the pool's threads have cores to
+/// themselves (on 2 cores, 50 us made 2-thread packing of 250K pairs 1.85x faster); where more
+/// threads than cores have work, a polling thread takes time from one of them.
 ///
 /// Staying awake for a while (`stay_awake`): a kernel that makes several bulk calls in a row,
 /// with short serial steps between them, holds a `stay_awake()` guard for its duration. While
@@ -148,7 +149,8 @@ class thread_pool {
   explicit thread_pool(std::size_t threads = hardware_threads(),
                        std::chrono::microseconds spin = default_spin)
       : spin_(std::max(spin, std::chrono::microseconds{0})),
-        may_stay_awake_(std::max<std::size_t>(threads, 1) <= hardware_threads()) {
+        may_stay_awake_(std::max<std::size_t>(threads, 1) <= hardware_threads()),
+        max_pollers_(std::max<std::size_t>(threads, 2) - 1) {
     threads = std::max<std::size_t>(threads, 1);
     workers_.reserve(threads);
     for (std::size_t i = 0; i < threads; ++i) {
@@ -213,6 +215,9 @@ class thread_pool {
 
   /// Number of guards of `stay_awake` that keep the pool awake now.
   [[nodiscard]] std::size_t awake_guards() const noexcept { return awake_.load(std::memory_order_relaxed); }
+
+  /// Number of workers polling for work now: at most `threads() - 1` (1 in a pool of one).
+  [[nodiscard]] std::size_t polling_workers() const noexcept { return pollers_.load(std::memory_order_relaxed); }
 
   /// Calls `f(i)` for every `i` in `[0, n)` and returns when all calls returned; rethrows the
   /// first exception (calls not yet started when it was thrown are skipped).
@@ -295,22 +300,32 @@ class thread_pool {
   // task may be queued or the time is up, after taking itself off `polling_` unless a `wake`
   // has claimed it (then the count is already off).
   void poll(const std::stop_token& stop) {
+    std::size_t pollers = pollers_.load(std::memory_order_relaxed);
+    do {
+      if (pollers >= max_pollers_) return;
+    } while (!pollers_.compare_exchange_weak(pollers, pollers + 1, std::memory_order_relaxed));
     polling_.fetch_add(1);
     const auto ready = [&] { return queued_.load(std::memory_order_acquire) != 0 || stop.stop_requested(); };
     detail::poll_while_awake(spin_, awake_, ready);
     std::size_t polling = polling_.load();
     while (polling > 0 && !polling_.compare_exchange_weak(polling, polling - 1)) {
     }
+    pollers_.fetch_sub(1, std::memory_order_relaxed);
   }
 
   std::chrono::microseconds spin_;
   bool may_stay_awake_;  // the workers fit the hardware threads
+  // A bulk call takes at most threads() - 1 helpers (its caller is the last of threads()), so
+  // more polling workers would only take cores from the caller and its helpers (one worker
+  // polls in a pool of one, for `submit`).
+  std::size_t max_pollers_;
   std::mutex mutex_;
   std::condition_variable_any ready_;
   std::deque<std::function<void()>> queue_;
   std::atomic<std::size_t> queued_{0};   // queue_.size(), readable without the mutex
   std::atomic<std::size_t> polling_{0};  // workers polling `queued_`; every access seq_cst
   std::atomic<std::size_t> awake_{0};    // live guards of stay_awake
+  std::atomic<std::size_t> pollers_{0};  // workers inside poll(), at most max_pollers()
   std::vector<std::jthread> workers_;  // last: joined before the queue is destroyed
 };
 
