@@ -123,10 +123,11 @@ struct bulk_state {
 ///
 /// Staying awake for a while (`stay_awake`): a kernel that makes several bulk calls in a row,
 /// with short serial steps between them, holds a `stay_awake()` guard for its duration. While
-/// any guard lives, workers that finish a task poll for the next one and `bulk` polls for its
-/// helpers, however short `spin` is, so only the kernel's first bulk call pays for waking the
-/// workers. On a pool with more workers than the machine has hardware threads the guard does
-/// nothing (polling workers would take time from the working ones).
+/// any guard lives, workers that finish a task poll for the next one (up to `threads() - 1` of
+/// them, as above) and `bulk` polls for its helpers, however short `spin` is, so only the
+/// kernel's first bulk call pays for waking the workers. On a pool with more workers than the
+/// machine has hardware threads the guard does nothing (polling workers would take time from
+/// the working ones).
 ///
 /// The destructor stops the workers after their current task; tasks still queued are dropped
 /// (their futures report `std::future_errc::broken_promise`). Destroy the pool only when no
@@ -325,7 +326,7 @@ class thread_pool {
   std::atomic<std::size_t> queued_{0};   // queue_.size(), readable without the mutex
   std::atomic<std::size_t> polling_{0};  // workers polling `queued_`; every access seq_cst
   std::atomic<std::size_t> awake_{0};    // live guards of stay_awake
-  std::atomic<std::size_t> pollers_{0};  // workers inside poll(), at most max_pollers()
+  std::atomic<std::size_t> pollers_{0};  // workers inside poll(), at most max_pollers_
   std::vector<std::jthread> workers_;  // last: joined before the queue is destroyed
 };
 
