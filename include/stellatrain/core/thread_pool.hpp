@@ -316,9 +316,8 @@ class thread_pool {
 
   std::chrono::microseconds spin_;
   bool may_stay_awake_;  // the workers fit the hardware threads
-  // A bulk call takes at most threads() - 1 helpers (its caller is the last of threads()), so
-  // more polling workers would only take cores from the caller and its helpers (one worker
-  // polls in a pool of one, for `submit`).
+  // The bound on polling workers (see the class comment): threads() - 1, or 1 in a pool of one
+  // (for `submit`). Kept apart from workers_.size(), which changes while workers run.
   std::size_t max_pollers_;
   std::mutex mutex_;
   std::condition_variable_any ready_;
