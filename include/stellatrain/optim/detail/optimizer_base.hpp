@@ -95,14 +95,14 @@ class optimizer_base {
 
   /// Bytes that `save_state` writes (format: optim/state_format.hpp).
   [[nodiscard]] std::uint64_t state_size_bytes() const {
-    return detail::state_size_bytes(registry_, self().arrays_mask());
+    return saved_state_size(records());
   }
   /// Saves parameters, state arrays, step counts and hyper-parameters; returns the bytes
   /// written to `out` (which must hold `state_size_bytes()`). Not concurrent with steps.
   std::size_t save_state(std::span<std::byte> out) const {
-    return write_state_to(out, self().identity(), registry_, self().arrays_mask());
+    return save_state_into(out, detail::optimizer_state_kind, records());
   }
-  void save_state(std::ostream& os) const { write_state_to(os, self().identity(), registry_, self().arrays_mask()); }
+  void save_state(std::ostream& os) const { save_state_to(os, detail::optimizer_state_kind, records()); }
 
   /// Restores a saved state into this optimizer, whose registered tensors (count and sizes)
   /// and algorithm options (listed in the optimizer's own comment) must match the saved ones;
@@ -111,7 +111,7 @@ class optimizer_base {
   /// state is bit-identical to not stopping.
   void load_state(std::span<const std::byte> bytes) { self().restore(bytes); }
   void load_state(std::istream& is) {
-    const auto bytes = read_all(is);
+    const auto bytes = read_state_stream(is);
     load_state(std::span<const std::byte>(bytes));
   }
 
@@ -130,6 +130,8 @@ class optimizer_base {
   tensor_registry registry_;
 
  private:
+  // The saved state's records (optim/state_format.hpp).
+  [[nodiscard]] auto records() const { return state_records(self().identity(), registry_, self().arrays_mask()); }
   [[nodiscard]] const tensor_state& tensor(std::size_t t) const { return registry_.at(t, Derived::name); }
   [[nodiscard]] Derived& self() noexcept { return static_cast<Derived&>(*this); }
   [[nodiscard]] const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
