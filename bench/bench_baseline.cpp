@@ -5,7 +5,7 @@
 //   BM_baseline_read2_write1/N/T   c[i] = a[i] + b[i] (the traffic of error feedback)
 // Buffers are pre-faulted outside the timed loop; bytes processed count what the code reads
 // and writes.
-#include <stellatrain/detail/xsimd_compat.hpp>
+#include <stellatrain/core/detail/xsimd_compat.hpp>
 
 #include "bench_support.hpp"
 

@@ -61,7 +61,7 @@ void BM_pipeline_step(benchmark::State& state) {
       st::shaped_transport<st::in_process_transport> t(std::move(raw), {.bits_per_second = rate,
                                                                         .latency = std::chrono::milliseconds(10)});
       st::thread_pool pool{1};
-      st::pipeline p(t, pool, st::error_feedback_compressor<st::bf16>({.method = st::selection_method::threshold}),
+      st::pipeline p(t, pool, st::error_feedback_compressor<st::threshold_selector<>, st::bf16>(),
                      st::adam_optimizer({.lr = 1e-3f}),
                      // Direct all-gather: every rank's shaped link carries its 3 copies at the
                      // link rate and the latency is paid once per bucket, not 3 times; 8

@@ -10,7 +10,7 @@
 //   BM_select_block/score:S/threads:T   block_topk_selector (S = 1: L1, 2: L2)
 //   BM_select_random_k/threads:T        random_k_selector
 //   BM_select_partitioned/threads:T     rank 0 of 4 (exact top k/4 of a quarter)
-//   BM_select_threshold_ef/threads:T    error_feedback_compressor<float>, threshold, fused pass,
+//   BM_select_threshold_ef/threads:T    error_feedback_compressor<threshold_selector<>, float>, threshold, fused pass,
 //                                       a new (AR(1), correlation 0.76) gradient every step
 //   BM_select_threshold_ef_bf16/threads:T  the same sending bf16
 //   BM_select_threshold_ef_rotating/threads:T  the same as _ef on a gradient that repeats
@@ -23,7 +23,7 @@
 // Inputs are pre-faulted outside the timed loops; bytes processed count the bytes the
 // kernel must stream (the gradient; for error feedback also the residual read and written).
 #include <stellatrain/compress/error_feedback.hpp>
-#include <stellatrain/detail/xsimd_compat.hpp>
+#include <stellatrain/core/detail/xsimd_compat.hpp>
 #include <stellatrain/select/block_topk.hpp>
 #include <stellatrain/select/exact_topk.hpp>
 #include <stellatrain/select/partitioned.hpp>
@@ -216,7 +216,7 @@ void BM_select_block(benchmark::State& state) {
 void BM_select_random_k(benchmark::State& state) {
   const auto threads = static_cast<std::size_t>(state.range(0));
   const auto& x = gradient();
-  random_k_selector sel;
+  random_k_selector<> sel;
   sel.reserve(sb::pool(2), n);
   std::uint32_t step = 0;
   on_threads(threads, [&](auto& ex) {
@@ -230,11 +230,11 @@ void BM_select_random_k(benchmark::State& state) {
 void BM_select_partitioned(benchmark::State& state) {
   const auto threads = static_cast<std::size_t>(state.range(0));
   const auto& x = gradient();
-  partitioned_selector<> sel;
-  sel.inner().reserve(sb::pool(2), n, k);
+  partitioned_selector<> sel({.rank = 0, .parts = 4});
+  sel.reserve(sb::pool(2), n, k);
   std::uint64_t step = 0;
   on_threads(threads, [&](auto& ex) {
-    for (auto _ : state) sel.select(ex, {.rank = 0, .parts = 4}, step++, x.span(), k, out().idx.span(), out().val.span());
+    for (auto _ : state) sel.select(ex, step++, x.span(), k, out().idx.span(), out().val.span());
   });
   set_bytes(state, n / 4 * sizeof(float));
 }
@@ -291,7 +291,7 @@ template <class Value, gradient_model Model>
 void threshold_ef(benchmark::State& state) {
   const auto threads = static_cast<std::size_t>(state.range(0));
   static auto g = sb::prefaulted<float>(n);
-  error_feedback_compressor<Value> ef({.method = selection_method::threshold});
+  error_feedback_compressor<threshold_selector<>, Value> ef;
   ef.add_tensor(sb::pool(2), 0, n, k);
   sparse_buffer<Value> sel(n, k, {.prefault = true});
   int step = 0;
@@ -310,8 +310,8 @@ void threshold_ef(benchmark::State& state) {
       next_gradient();
       ef.compress(ex, 0, g.span(), k, sel);
     }
-    warm_deficits = ef.thresholds(0)[0].deficits;
-    warm_fallbacks = ef.thresholds(0)[0].fallbacks;
+    warm_deficits = ef.selection_state(0).deficits;
+    warm_fallbacks = ef.selection_state(0).fallbacks;
     for (auto _ : state) {
       state.PauseTiming();
       next_gradient();
@@ -320,8 +320,8 @@ void threshold_ef(benchmark::State& state) {
     }
   });
   // Of the timed calls only.
-  state.counters["deficits"] = static_cast<double>(ef.thresholds(0)[0].deficits - warm_deficits);
-  state.counters["fallbacks"] = static_cast<double>(ef.thresholds(0)[0].fallbacks - warm_fallbacks);
+  state.counters["deficits"] = static_cast<double>(ef.selection_state(0).deficits - warm_deficits);
+  state.counters["fallbacks"] = static_cast<double>(ef.selection_state(0).fallbacks - warm_fallbacks);
   set_bytes(state, 3 * n * sizeof(float));
 }
 
@@ -399,7 +399,7 @@ void BM_select_energy(benchmark::State& state) {
   sampled_threshold_selector<> sampled;
   block_topk_selector<> block_l1({.score = block_score::l1});
   block_topk_selector<> block_l2({.score = block_score::l2});
-  random_k_selector random;
+  random_k_selector<> random;
   auto kept = [&](const aligned_buffer<float>& x) {
     double e = 0;
     for (std::uint64_t j = 0; j < k; ++j) e += static_cast<double>(out().val[j]) * out().val[j];

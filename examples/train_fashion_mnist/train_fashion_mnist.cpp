@@ -356,7 +356,7 @@ void run_stellatrain(Transport& t, const settings& s, const data& d, fm::mode_re
   net.initialize(params, s.seed + static_cast<std::uint64_t>(r));  // rank 0's values are broadcast
   st::thread_pool pool{1};
   const double latency_s = s.rtt_ms / 2000.0;
-  st::pipeline p(t, pool, st::error_feedback_compressor<st::bf16>({.method = st::selection_method::threshold}),
+  st::pipeline p(t, pool, st::error_feedback_compressor<st::threshold_selector<>, st::bf16>(),
                  st::adam_optimizer({.lr = s.sparse_lr}),
                  // In one process every rank's shaped link carries its P-1 copies at the link
                  // rate whatever the order: the direct all-gather pays the latency once. Over

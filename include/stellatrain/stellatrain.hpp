@@ -15,6 +15,7 @@
 #include <stellatrain/core/float16.hpp>
 #include <stellatrain/core/philox.hpp>
 #include <stellatrain/core/random_indices.hpp>
+#include <stellatrain/core/saved_state.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 
@@ -22,9 +23,11 @@
 #include <stellatrain/select/exact_topk.hpp>
 #include <stellatrain/select/partitioned.hpp>
 #include <stellatrain/select/random_k.hpp>
+#include <stellatrain/select/runtime_selector.hpp>
 #include <stellatrain/select/sampled_threshold.hpp>
 #include <stellatrain/select/selection.hpp>
 #include <stellatrain/select/selection_layout.hpp>
+#include <stellatrain/select/selection_source.hpp>
 #include <stellatrain/select/threshold.hpp>
 #include <stellatrain/select/topk_cuda_options.hpp>
 #include <stellatrain/select/topk_threshold_state.hpp>

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <stellatrain/compress/compressor.hpp>
 #include <stellatrain/compress/error_feedback.hpp>
+#include <stellatrain/select/exact_topk.hpp>
+#include <stellatrain/select/runtime_selector.hpp>
 
 #include "catch.hpp"
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -57,8 +60,9 @@ struct bad_value_type : send_all {
 TEST_CASE("the compressor concept", "[compress][concept]") {
   STATIC_REQUIRE(compressor<send_all>);
   STATIC_REQUIRE(compressor<error_feedback_compressor<>>);
-  STATIC_REQUIRE(compressor<error_feedback_compressor<fp16, std::uint64_t>>);
-  STATIC_REQUIRE(compressor<error_feedback_compressor<bf16, std::uint32_t, scalar_arch>>);
+  STATIC_REQUIRE(compressor<error_feedback_compressor<exact_topk_selector<>, fp16, std::uint64_t>>);
+  STATIC_REQUIRE(compressor<error_feedback_compressor<threshold_selector<scalar_arch>, bf16, std::uint32_t>>);
+  STATIC_REQUIRE(compressor<error_feedback_compressor<runtime_selector<>, bf16>>);
   STATIC_REQUIRE_FALSE(compressor<no_state>);
   STATIC_REQUIRE_FALSE(compressor<int>);
   STATIC_REQUIRE_FALSE(compressor<exact_topk_selector<>>);
@@ -72,9 +76,10 @@ TEST_CASE("a restored compressor continues exactly as the uninterrupted one", "[
   for (selection_method method : methods) {
     for (float momentum : {0.0f, 0.9f}) {
       CAPTURE(static_cast<int>(method), momentum);
-      const error_feedback_options options{.method = method, .momentum = momentum, .part = {.rank = 1, .parts = 2}, .seed = 3};
+      const runtime_selector<> sel({.method = method, .part = {.rank = 1, .parts = 2}, .seed = 3});
+      const error_feedback_options options{.momentum = momentum};
       inline_executor ex;
-      error_feedback_compressor<bf16> a(options);
+      error_feedback_compressor<runtime_selector<>, bf16> a(sel, options);
       a.add_tensor(ex, 9, n);
       a.add_tensor(ex, 4, n / 3);
       sparse_buffer<bf16> out;
@@ -83,7 +88,7 @@ TEST_CASE("a restored compressor continues exactly as the uninterrupted one", "[
         a.compress(ex, 4, gradient(n / 3, 50 + step), n / 300, out);
       }
       const std::vector<std::byte> saved = a.save_state();
-      error_feedback_compressor<bf16> b(options);
+      error_feedback_compressor<runtime_selector<>, bf16> b(sel, options);
       b.load_state(ex, saved);
       REQUIRE(b.tensor_count() == 2);
       REQUIRE(b.step(9) == 7);
@@ -98,16 +103,23 @@ TEST_CASE("a restored compressor continues exactly as the uninterrupted one", "[
       REQUIRE(std::equal(a.residual(9).begin(), a.residual(9).end(), b.residual(9).begin()));
       REQUIRE(std::equal(a.momentum(9).begin(), a.momentum(9).end(), b.momentum(9).begin()));
       if (method == selection_method::threshold) {
-        REQUIRE(a.thresholds(9)[1].low_key == b.thresholds(9)[1].low_key);
-        REQUIRE(a.thresholds(9)[1].calls == b.thresholds(9)[1].calls);
+        // runtime_selector's alternative 1: the threshold selector, partitioned.
+        const auto& sa = std::get<1>(a.selection_state(9)).slices;
+        const auto& sb = std::get<1>(b.selection_state(9)).slices;
+        REQUIRE(sa.size() == 2);
+        REQUIRE(sa[1].calls > 0);
+        REQUIRE(sa[1].low_key == sb[1].low_key);
+        REQUIRE(sa[1].calls == sb[1].calls);
       }
     }
   }
 }
 
 TEST_CASE("load_state rejects malformed or foreign state", "[compress][state]") {
+  using threshold_ef = error_feedback_compressor<runtime_selector<>, float>;
+  const runtime_selector<> threshold({.method = selection_method::threshold});
   inline_executor ex;
-  error_feedback_compressor<float> a({.method = selection_method::threshold});
+  threshold_ef a(threshold);
   a.add_tensor(ex, 1, 1000);
   sparse_buffer<float> out;
   a.compress(ex, 1, gradient(1000, 1), 10, out);
@@ -121,7 +133,7 @@ TEST_CASE("load_state rejects malformed or foreign state", "[compress][state]") 
     }
     return std::error_code{};
   };
-  auto same = [] { return error_feedback_compressor<float>({.method = selection_method::threshold}); };
+  auto same = [&] { return threshold_ef(threshold); };
   REQUIRE(code_of(same, saved) == std::error_code{});
   // Truncated anywhere.
   for (std::size_t cut : {std::size_t{0}, std::size_t{3}, std::size_t{20}, saved.size() / 2, saved.size() - 1}) {
@@ -132,29 +144,39 @@ TEST_CASE("load_state rejects malformed or foreign state", "[compress][state]") 
   auto longer = saved;
   longer.push_back(std::byte{0});
   REQUIRE(code_of(same, longer) == errc::malformed_message);
-  // Wrong magic, wrong version.
+  // Wrong magic, wrong version, a flipped bit.
   auto bad = saved;
   bad[0] = std::byte{0};
   REQUIRE(code_of(same, bad) == errc::malformed_message);
   bad = saved;
-  bad[4] = std::byte{9};
+  bad[8] = std::byte{9};
   REQUIRE(code_of(same, bad) == errc::version_mismatch);
-  // Saved by another configuration.
-  REQUIRE(code_of([] { return error_feedback_compressor<fp16>({.method = selection_method::threshold}); }, saved) ==
-          errc::invalid_argument);
-  REQUIRE(code_of([] { return error_feedback_compressor<float>({.method = selection_method::exact_topk}); }, saved) ==
-          errc::invalid_argument);
-  REQUIRE(code_of([] { return error_feedback_compressor<float>({.method = selection_method::threshold, .momentum = 0.5f}); },
-                  saved) == errc::invalid_argument);
-  // A size that claims more than the input holds.
   bad = saved;
-  const std::size_t size_at = 4 + 4 + 4 + 4 + 8 + 4;  // header, count, then the tensor id
-  bad[size_at + 7] = std::byte{0x40};
+  bad[saved.size() / 2] ^= std::byte{1};
+  REQUIRE(code_of(same, bad) == errc::checksum_mismatch);
+  // Saved by another configuration.
+  REQUIRE(code_of([&] { return error_feedback_compressor<runtime_selector<>, fp16>(threshold); }, saved) ==
+          errc::invalid_argument);
+  REQUIRE(code_of([] { return threshold_ef(runtime_selector<>({.method = selection_method::exact_topk})); }, saved) ==
+          errc::invalid_argument);
+  REQUIRE(code_of([&] { return threshold_ef(threshold, {.momentum = 0.5f}); }, saved) == errc::invalid_argument);
+  // A size that claims more than the input holds (the record's checksum made to match).
+  bad = saved;
+  const std::size_t tensor_record = 32 + 16 + 11 + 4;  // container header, CONF record
+  REQUIRE(std::memcmp(bad.data() + tensor_record, "TNSR", 4) == 0);
+  std::uint64_t length;
+  std::memcpy(&length, bad.data() + tensor_record + 8, 8);
+  const std::uint64_t claimed = 2000;
+  std::memcpy(bad.data() + tensor_record + 16 + 4, &claimed, 8);  // after the id
+  const auto record = std::span<const std::byte>(bad).subspan(tensor_record, 16 + length);
+  const std::uint32_t crc = crc32c(record);
+  std::memcpy(bad.data() + tensor_record + 16 + length, &crc, 4);
   REQUIRE(code_of(same, bad) == errc::malformed_message);
   // A failed load leaves the compressor as it was.
   auto c = same();
   c.add_tensor(ex, 8, 10);
   REQUIRE_THROWS(c.load_state(ex, std::span(saved).first(30)));
+  REQUIRE_THROWS(c.load_state(ex, bad));
   REQUIRE(c.has_tensor(8));
   REQUIRE(c.tensor_count() == 1);
 }

@@ -1,5 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <stellatrain/compress/error_feedback.hpp>
+#include <stellatrain/select/exact_topk.hpp>
+#include <stellatrain/select/partitioned.hpp>
+#include <stellatrain/select/random_k.hpp>
+#include <stellatrain/select/runtime_selector.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 
 #include "catch.hpp"
@@ -47,7 +51,8 @@ TEMPLATE_LIST_TEST_CASE("error feedback: everything sent plus the residual is ev
   for (selection_method method : all_methods) {
     for (std::uint32_t parts : {1u, 3u}) {
       CAPTURE(static_cast<int>(method), parts);
-      error_feedback_compressor<TestType> ef({.method = method, .part = {.rank = parts - 1, .parts = parts}, .seed = 7});
+      error_feedback_compressor<runtime_selector<>, TestType> ef(
+          runtime_selector<>({.method = method, .part = {.rank = parts - 1, .parts = parts}, .seed = 7}));
       ef.add_tensor(pool, 4, n, n / 50);
       sparse_buffer<TestType> out(n, n / 50);
       std::vector<double> sent(n, 0.0);
@@ -82,7 +87,7 @@ TEMPLATE_LIST_TEST_CASE("error feedback: the residual is acc minus what was sent
                         value_types) {
   const std::uint64_t n = 50'000;
   inline_executor ex;
-  error_feedback_compressor<TestType> ef({.method = selection_method::exact_topk});
+  error_feedback_compressor<exact_topk_selector<>, TestType> ef;
   ef.add_tensor(ex, 0, n);
   sparse_buffer<TestType> out;
   std::vector<float> acc(n, 0.0f);
@@ -114,7 +119,7 @@ TEMPLATE_LIST_TEST_CASE("error feedback: the residual is acc minus what was sent
 TEST_CASE("error feedback: fp16 saturates and keeps the excess; non-finite values clear their residual",
           "[compress][ef]") {
   inline_executor ex;
-  error_feedback_compressor<fp16> ef({.method = selection_method::exact_topk});
+  error_feedback_compressor<exact_topk_selector<>, fp16> ef;
   ef.add_tensor(ex, 1, 64);
   std::vector<float> g(64, 0.001f);
   g[3] = 1.0e6f;
@@ -143,7 +148,7 @@ TEST_CASE("error feedback with DGC momentum correction", "[compress][ef][momentu
   const float mu = 0.9f;
   thread_pool pool(2);
   for (selection_method method : {selection_method::exact_topk, selection_method::threshold}) {
-    error_feedback_compressor<float> ef({.method = method, .momentum = mu});
+    error_feedback_compressor<runtime_selector<>, float> ef(runtime_selector<>({.method = method}), {.momentum = mu});
     ef.add_tensor(pool, 2, n);
     sparse_buffer<float> out;
     std::vector<double> sent(n, 0.0);
@@ -171,7 +176,8 @@ TEST_CASE("error feedback: random-k indices are regenerated from (seed + slice, 
   const std::uint64_t n = 10'000;
   inline_executor ex;
   const partition part{.rank = 1, .parts = 2};
-  error_feedback_compressor<bf16, std::uint64_t> ef({.method = selection_method::random_k, .part = part, .seed = 1234});
+  using random_share = partitioned_selector<random_k_selector<>>;
+  error_feedback_compressor<random_share, bf16, std::uint64_t> ef(random_share(part, random_k_selector<>(1234)));
   ef.add_tensor(ex, 77, n);
   sparse_buffer<bf16, std::uint64_t> out;
   for (std::uint32_t step = 0; step < 4; ++step) {
@@ -192,8 +198,9 @@ TEST_CASE("error feedback: SIMD and scalar paths agree", "[compress][ef]") {
   inline_executor ex;
   for (selection_method method : all_methods) {
     CAPTURE(static_cast<int>(method));
-    error_feedback_compressor<bf16, std::uint32_t, scalar_arch> a({.method = method});
-    error_feedback_compressor<bf16, std::uint32_t, xsimd::default_arch> b({.method = method});
+    error_feedback_compressor<runtime_selector<scalar_arch>, bf16> a(runtime_selector<scalar_arch>({.method = method}));
+    error_feedback_compressor<runtime_selector<xsimd::default_arch>, bf16> b(
+        runtime_selector<xsimd::default_arch>({.method = method}));
     a.add_tensor(ex, 0, n);
     b.add_tensor(ex, 0, n);
     sparse_buffer<bf16> oa, ob;
@@ -209,7 +216,7 @@ TEST_CASE("error feedback: SIMD and scalar paths agree", "[compress][ef]") {
 
 TEST_CASE("error feedback: k = 0, k >= n, and argument errors", "[compress][ef]") {
   inline_executor ex;
-  error_feedback_compressor<float> ef;
+  error_feedback_compressor<> ef;
   ef.add_tensor(ex, 5, 100);
   ef.add_tensor(ex, 2, 0);
   sparse_buffer<float> out;
@@ -235,15 +242,17 @@ TEST_CASE("error feedback: k = 0, k >= n, and argument errors", "[compress][ef]"
   } catch (const error& e) {
     REQUIRE(e.code() == errc::size_mismatch);
   }
-  REQUIRE_THROWS_AS(error_feedback_compressor<float>({.momentum = 1.0f}), error);
-  REQUIRE_THROWS_AS(error_feedback_compressor<float>({.part = {.rank = 2, .parts = 2}}), error);
-  error_feedback_compressor<float, std::uint32_t> narrow;
+  REQUIRE_THROWS_AS(error_feedback_compressor<>({.momentum = 1.0f}), error);
+  REQUIRE_THROWS_AS(partitioned_selector<>({.rank = 2, .parts = 2}), error);
+  REQUIRE_THROWS_AS(runtime_selector<>({.part = {.rank = 2, .parts = 2}}), error);
+  REQUIRE_THROWS_AS(runtime_selector<>({.method = static_cast<selection_method>(9)}), error);
+  error_feedback_compressor<threshold_selector<>, float, std::uint32_t> narrow;
   REQUIRE_THROWS_AS(narrow.add_tensor(ex, 0, (std::uint64_t{1} << 32) + 1), error);
 }
 
 TEST_CASE("error feedback: tensors compress concurrently", "[compress][ef]") {
   thread_pool pool(2);
-  error_feedback_compressor<fp16> ef({.method = selection_method::threshold});
+  error_feedback_compressor<threshold_selector<>, fp16> ef;
   const std::uint64_t n = 200'000;
   for (std::uint32_t id = 0; id < 4; ++id) ef.add_tensor(pool, id, n + id, n / 100);
   std::vector<sparse_buffer<fp16>> outs(4);
@@ -254,7 +263,7 @@ TEST_CASE("error feedback: tensors compress concurrently", "[compress][ef]") {
       ef.compress(pool, static_cast<std::uint32_t>(id), grads[id], n / 100, outs[id]);
     });
   }
-  error_feedback_compressor<fp16> serial({.method = selection_method::threshold});
+  error_feedback_compressor<threshold_selector<>, fp16> serial;
   inline_executor ex;
   for (std::uint32_t id = 0; id < 4; ++id) {
     serial.add_tensor(ex, id, n + id);

@@ -26,7 +26,7 @@ std::vector<float> grad_of(int rank, int step, std::size_t t) {
 template <class Push>
 std::vector<std::vector<float>> train(in_process_transport& t, Push&& push_for) {
   thread_pool pool{1};
-  pipeline p(t, pool, error_feedback_compressor<bf16>({.method = selection_method::exact_topk}),
+  pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
              sgd_optimizer({.lr = 0.1f, .momentum = 0.9f}), {.bucket_bytes = 0, .staleness = 0}, fixed_density{0.02});
   for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), std::vector<float>(sizes[i], 1.0f));
   p.start();
@@ -81,7 +81,7 @@ TEST_CASE("GPU selection through the bridge equals the CPU compressor", "[pipeli
 TEST_CASE("the bridge keeps bf16 device parameters equal to the pipeline's, scattering the changes", "[pipeline][cuda]") {
   run_in_process(2, [&](in_process_transport& t) {
     thread_pool pool{1};
-    pipeline p(t, pool, error_feedback_compressor<bf16>({.method = selection_method::exact_topk}),
+    pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
                adam_optimizer({.lr = 1e-2f}),
                {.bucket_bytes = 0, .staleness = 0, .record_updates = update_record::bf16}, fixed_density{0.02});
     for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), std::vector<float>(sizes[i], 1.0f));

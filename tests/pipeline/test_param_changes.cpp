@@ -60,7 +60,7 @@ kind_counts mirror_run(int staleness, update_record record) {
   std::mutex m;
   run_in_process(2, [&](in_process_transport& t) {
     thread_pool pool{1};
-    pipeline p(t, pool, error_feedback_compressor<bf16>({.method = selection_method::exact_topk}),
+    pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
                adam_optimizer({.lr = 1e-2f}),
                {.bucket_bytes = 20000, .staleness = staleness, .record_updates = record}, fixed_density{0.02});
     add_tensors(p);
@@ -138,7 +138,7 @@ TEST_CASE("copy_changes keeps a copy bit-identical to a whole copy", "[pipeline]
 TEST_CASE("copy_params converts to fp16 and bf16 exactly", "[pipeline]") {
   run_in_process(1, [&](in_process_transport& t) {
     thread_pool pool{1};
-    pipeline p(t, pool, error_feedback_compressor<bf16>({.method = selection_method::exact_topk}),
+    pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
                adam_optimizer({.lr = 1e-2f}), {.staleness = 0}, fixed_density{0.1});
     add_tensors(p);
     p.start();
@@ -161,7 +161,7 @@ TEST_CASE("copy_params converts to fp16 and bf16 exactly", "[pipeline]") {
 TEST_CASE("copy_changes asks for a whole copy when the changes are not kept, and rejects bad use", "[pipeline]") {
   run_in_process(1, [&](in_process_transport& t) {
     thread_pool pool{1};
-    pipeline p(t, pool, error_feedback_compressor<bf16>({.method = selection_method::exact_topk}),
+    pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
                adam_optimizer({.lr = 1e-2f}), {.staleness = 0, .record_updates = update_record::bf16},
                fixed_density{0.01});
     add_tensors(p);
@@ -214,7 +214,7 @@ TEST_CASE("copy_changes asks for a whole copy when the changes are not kept, and
   });
   run_in_process(1, [&](in_process_transport& t) {
     thread_pool pool{1};
-    pipeline p(t, pool, error_feedback_compressor<bf16>({.method = selection_method::exact_topk}),
+    pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
                adam_optimizer({.lr = 1e-2f}), {.staleness = 0}, fixed_density{0.01});
     add_tensors(p);
     p.start();

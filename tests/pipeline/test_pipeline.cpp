@@ -93,7 +93,7 @@ TEST_CASE("4 ranks hold bit-identical parameters after 50 steps with shuffled de
     test::shuffling_transport<in_process_transport> t(std::move(raw), 99 + static_cast<std::uint64_t>(r),
                                                        std::chrono::microseconds(800));
     thread_pool pool{2};
-    pipeline p(t, pool, error_feedback_compressor<bf16>({.method = selection_method::threshold}),
+    pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, bf16>(),
                adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 20000, .staleness = staleness, .exchange_threads = 2},
                fixed_density{0.05});
     for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(10 + i), initial_values(sizes[i], r, i));
@@ -122,7 +122,7 @@ TEST_CASE("zero-copy hand-over trains exactly as the copying one", "[pipeline]")
     run_in_process(ranks, [&](in_process_transport& t) {
       const int r = t.rank();
       thread_pool pool{1};
-      pipeline p(t, pool, error_feedback_compressor<bf16>({.method = selection_method::threshold}),
+      pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, bf16>(),
                  adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 20000, .staleness = 0},
                  fixed_density{0.05});
       for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
@@ -150,7 +150,7 @@ TEST_CASE("identity compression equals plain data-parallel SGD on the averaged g
   run_in_process(ranks, [&](in_process_transport& t) {
     const int r = t.rank();
     thread_pool pool{1};
-    pipeline p(t, pool, error_feedback_compressor<float>({.method = selection_method::exact_topk}), sgd_optimizer(sgd),
+    pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, float>(), sgd_optimizer(sgd),
                {.bucket_bytes = 30000, .staleness = 0}, fixed_density{1.0});
     for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
     p.start();
@@ -183,12 +183,35 @@ TEST_CASE("identity compression equals plain data-parallel SGD on the averaged g
   }
 }
 
+namespace {
+
+// Flips a bit in the middle of the payload of the first record tagged `tag` of a saved state
+// (core/saved_state.hpp) and makes that record's checksum match again, so that only what is
+// nested inside the payload can notice.
+void corrupt_record_payload(std::vector<std::byte>& state, const char* tag) {
+  std::size_t at = 32;
+  while (at + 20 <= state.size() - 16) {
+    std::uint64_t length;
+    std::memcpy(&length, state.data() + at + 8, 8);
+    if (std::memcmp(state.data() + at, tag, 4) == 0) {
+      state[at + 16 + length / 2] ^= std::byte{1};
+      const auto crc = crc32c(std::span<const std::byte>(state).subspan(at, 16 + length));
+      std::memcpy(state.data() + at + 16 + length, &crc, 4);
+      return;
+    }
+    at += 16 + length + 4;
+  }
+  FAIL("no record " << tag);
+}
+
+}  // namespace
+
 // The density must not depend on wall-clock measurements here: an adaptive policy decides
 // from timings, which differ between any two runs (restored or not).
 TEST_CASE("a restored checkpoint continues bit-identically", "[pipeline]") {
   const int ranks = 4;
   auto make = [](in_process_transport& t, thread_pool& pool) {
-    return pipeline(t, pool, error_feedback_compressor<bf16>({.method = selection_method::threshold, .momentum = 0.5f}),
+    return pipeline(t, pool, error_feedback_compressor<threshold_selector<>, bf16>({.momentum = 0.5f}),
                     adam_optimizer({.lr = 1e-2f, .weight_decay = 0.01f}),
                     {.bucket_bytes = 16000, .staleness = 0, .micro_batches = 2}, fixed_density{0.03});
   };
@@ -229,10 +252,17 @@ TEST_CASE("a restored checkpoint continues bit-identically", "[pipeline]") {
     auto p = make(t, pool);
     for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], 3 - r, i));
     p.start();
-    // A corrupted blob is refused and changes nothing.
+    // A corrupted blob is refused and changes nothing: neither one the container's checksums
+    // catch, nor one whose optimizer state is refused after the compressor's was accepted.
+    const auto before = p.save_checkpoint();
     auto bad = saved[static_cast<std::size_t>(r)];
     bad[bad.size() / 2] ^= std::byte{1};
     CHECK_THROWS_AS(p.load_checkpoint(bad), error);
+    CHECK(p.save_checkpoint() == before);
+    auto bad_optimizer = saved[static_cast<std::size_t>(r)];
+    corrupt_record_payload(bad_optimizer, "OPTM");
+    CHECK_THROWS_AS(p.load_checkpoint(bad_optimizer), error);
+    CHECK(p.save_checkpoint() == before);
     p.load_checkpoint(saved[static_cast<std::size_t>(r)]);
     CHECK(p.steps_pushed() == 8);
     restored[static_cast<std::size_t>(r)] = train_micro(p, r, 6);
@@ -247,7 +277,7 @@ TEST_CASE("a restored checkpoint continues bit-identically", "[pipeline]") {
 
 namespace {
 // Throws from its compress call on one rank at one step.
-struct failing_compressor : error_feedback_compressor<float> {
+struct failing_compressor : error_feedback_compressor<threshold_selector<>, float> {
   int rank = 0;
   int fail_rank = -1;
   int calls = 0;
@@ -255,7 +285,7 @@ struct failing_compressor : error_feedback_compressor<float> {
   template <executor E>
   selection_stats compress(E& ex, std::uint32_t id, std::span<const float> g, std::uint64_t k, sparse_buffer<float>& out) {
     if (rank == fail_rank && ++calls == fail_at) throw std::runtime_error("injected selection failure");
-    return error_feedback_compressor<float>::compress(ex, id, g, k, out);
+    return error_feedback_compressor<threshold_selector<>, float>::compress(ex, id, g, k, out);
   }
 };
 static_assert(compressor<failing_compressor>);
@@ -295,8 +325,8 @@ TEST_CASE("a failure in one rank's stage reaches every rank as an error, without
 TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {
   run_in_process(1, [&](in_process_transport& t) {
     thread_pool pool{1};
-    CHECK_THROWS_AS(pipeline(t, pool, error_feedback_compressor<float>(), sgd_optimizer(), {.staleness = 2}, fixed_density{}), error);
-    pipeline p(t, pool, error_feedback_compressor<float>(), sgd_optimizer(), {}, fixed_density{0.5});
+    CHECK_THROWS_AS(pipeline(t, pool, error_feedback_compressor<threshold_selector<>, float>(), sgd_optimizer(), {.staleness = 2}, fixed_density{}), error);
+    pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, float>(), sgd_optimizer(), {}, fixed_density{0.5});
     std::vector<float> init(10, 1.0f);
     CHECK_THROWS_AS(p.push_gradient(0, init), error);  // not started
     CHECK_THROWS_AS((void)p.gradient_buffer(0), error);
@@ -315,7 +345,7 @@ TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {
   });
   run_in_process(1, [&](in_process_transport& t) {
     thread_pool pool{1};
-    pipeline p(t, pool, error_feedback_compressor<float>(), sgd_optimizer(), {.micro_batches = 2}, fixed_density{0.5});
+    pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, float>(), sgd_optimizer(), {.micro_batches = 2}, fixed_density{0.5});
     p.add_tensor(7, std::vector<float>(10, 1.0f));
     p.start();
     CHECK_THROWS_AS((void)p.gradient_buffer(0), error);  // zero-copy needs one micro-batch

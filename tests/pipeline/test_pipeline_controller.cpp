@@ -76,7 +76,7 @@ TEST_CASE("the controller follows a 100 -> 20 -> 500 Mbit/s schedule on shaped l
     thread_pool pool{1};
     recording_policy policy{adaptive_density_controller({.min_density = 1e-4, .max_density = max_density, .initial_density = 0.01}),
                             r == 0 ? &log : nullptr};
-    pipeline p(t, pool, error_feedback_compressor<bf16>({.method = selection_method::threshold}),
+    pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, bf16>(),
                sgd_optimizer({.lr = 0.01f}), {.bucket_bytes = n, .staleness = 0, .exchange_threads = 2}, policy);
     for (std::uint32_t i = 0; i < 4; ++i) p.add_tensor(i, std::vector<float>(n / 4, 0.5f));
     p.start();

@@ -49,7 +49,7 @@ TEST_CASE("selection on a tensor of more than 2^32 elements", "[.large][select][
     REQUIRE(std::vector<std::uint64_t>(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k)) == planted);
   }
 
-  random_k_selector random;
+  random_k_selector<> random;
   std::vector<std::uint64_t> ridx(100'000);
   std::vector<bf16> rval(100'000);
   random.select(pool, {.seed = 3}, std::span<const bf16>(x.span()), ridx.size(), std::span(ridx), std::span(rval));

@@ -52,15 +52,15 @@ TEMPLATE_LIST_TEST_CASE("partitioned selection: each rank's exact top k/P of its
   const std::uint32_t parts = 3;
   const auto x = row_correlated(n, 31);
   inline_executor ex;
-  partitioned_selector<exact_topk_selector<TestType>> sel;
   for (std::uint64_t step = 0; step < 3; ++step) {
     std::vector<std::uint64_t> all;
     for (std::uint32_t r = 0; r < parts; ++r) {
       const partition p{.rank = r, .parts = parts};
+      partitioned_selector<exact_topk_selector<TestType>> sel(p);
       const auto s = slice_of(p, n, k, step);
       std::vector<std::uint32_t> idx(s.k);
       std::vector<float> val(s.k);
-      const auto st = sel.select(ex, p, step, std::span<const float>(x), k, std::span(idx), std::span(val));
+      const auto st = sel.select(ex, step, std::span<const float>(x), k, std::span(idx), std::span(val));
       REQUIRE(st.count == s.k);
       require_valid_selection<float, std::uint32_t>(x, s.k, idx, val, st.count);
       const std::vector<float> slice(x.begin() + static_cast<std::ptrdiff_t>(s.begin),
@@ -75,22 +75,9 @@ TEMPLATE_LIST_TEST_CASE("partitioned selection: each rank's exact top k/P of its
     REQUIRE(all.size() == k);
   }
   STATIC_REQUIRE(selector<sampled_threshold_selector<>>);
-  partitioned_selector<sampled_threshold_selector<TestType>> sampled;
+  partitioned_selector<sampled_threshold_selector<TestType>> sampled({.rank = 1, .parts = 2});
   std::vector<std::uint32_t> idx(k);
   std::vector<float> val(k);
-  REQUIRE(sampled.select(ex, {.rank = 1, .parts = 2}, 0, std::span<const float>(x), k, std::span(idx), std::span(val)).count ==
-          k / 2);
-}
-
-namespace {
-struct not_a_selector {
-  int select(int) { return 0; }
-};
-}  // namespace
-
-TEST_CASE("the selector concept", "[select][concept]") {
-  STATIC_REQUIRE(selector<exact_topk_selector<>>);
-  STATIC_REQUIRE(selector<exact_topk_selector<scalar_arch>>);
-  STATIC_REQUIRE_FALSE(selector<not_a_selector>);
-  STATIC_REQUIRE_FALSE(selector<int>);
+  REQUIRE(sampled.select(ex, 0, std::span<const float>(x), k, std::span(idx), std::span(val)).count == k / 2);
+  REQUIRE_THROWS_AS(partitioned_selector<>({.rank = 2, .parts = 2}), error);
 }

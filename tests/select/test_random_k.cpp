@@ -13,7 +13,7 @@ using namespace stellatrain::test;
 namespace {
 
 template <class Index = std::uint32_t, class T = float>
-std::vector<std::uint64_t> run_random(random_k_selector& sel, random_key key, const std::vector<T>& x, std::uint64_t k,
+std::vector<std::uint64_t> run_random(random_k_selector<>& sel, random_key key, const std::vector<T>& x, std::uint64_t k,
                                       std::uint64_t base = 0) {
   inline_executor ex;
   const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
@@ -28,7 +28,7 @@ std::vector<std::uint64_t> run_random(random_k_selector& sel, random_key key, co
 }  // namespace
 
 TEST_CASE("random-k: the receiver regenerates the indices from the key", "[select][random]") {
-  random_k_selector sel;
+  random_k_selector<> sel;
   for (std::uint64_t n : {0, 1, 7, 8, 9, 1000, 1 << 20}) {
     const auto x = gaussian(n, n);
     for (std::uint64_t k : {std::uint64_t{0}, std::uint64_t{1}, n / 100, n / 2 + 1, n, n + 3}) {
@@ -46,8 +46,8 @@ TEST_CASE("random-k: the receiver regenerates the indices from the key", "[selec
 
 TEST_CASE("random-k: different every step, the same on every rank", "[select][random]") {
   const auto x = gaussian(100'000, 3);
-  random_k_selector rank0;
-  random_k_selector rank1;
+  random_k_selector<> rank0;
+  random_k_selector<> rank1;
   const auto a = run_random(rank0, {.seed = 5, .step = 1, .tensor = 0}, x, 1000);
   const auto b = run_random(rank1, {.seed = 5, .step = 1, .tensor = 0}, x, 1000);
   const auto c = run_random(rank0, {.seed = 5, .step = 2, .tensor = 0}, x, 1000);
@@ -61,7 +61,7 @@ TEST_CASE("random-k is uniform over the elements (chi-square)", "[select][random
   const std::uint64_t n = 64;
   const std::uint64_t k = 8;
   const auto x = gaussian(n, 1);
-  random_k_selector sel;
+  random_k_selector<> sel;
   std::vector<double> counts(n, 0.0);
   const std::uint32_t steps = 8000;
   for (std::uint32_t s = 0; s < steps; ++s) {
@@ -76,7 +76,7 @@ TEST_CASE("random-k is uniform over the elements (chi-square)", "[select][random
 
 TEST_CASE("random-k with 64-bit indices past 2^32 and fp16 values", "[select][random][index64]") {
   const auto x = gaussian<fp16>(50'000, 2);
-  random_k_selector sel;
+  random_k_selector<> sel;
   const std::uint64_t base = (std::uint64_t{1} << 32) + 7;
   const random_key key{.seed = 1, .step = 2, .tensor = 3};
   const auto got = run_random<std::uint64_t>(sel, key, x, 500, base);

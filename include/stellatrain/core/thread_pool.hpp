@@ -6,7 +6,7 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
-#include <stellatrain/detail/cpu_relax.hpp>
+#include <stellatrain/core/detail/cpu_relax.hpp>
 
 #include <algorithm>
 #include <atomic>

@@ -7,7 +7,7 @@
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/sparse.hpp>
-#include <stellatrain/detail/cpu_relax.hpp>
+#include <stellatrain/core/detail/cpu_relax.hpp>
 #include <stellatrain/pack/detail/merge_windows.hpp>
 
 #include <algorithm>

@@ -6,6 +6,7 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
+#include <stellatrain/core/saved_state.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -89,7 +90,10 @@ struct density_controller_options {
 
 /// A density policy: anything that answers `density()` for the next step and learns from each
 /// step's `step_measurement`. The pipeline calls `density()` once per step and `observe()`
-/// once the step's exchange finished. Users may supply their own model of it.
+/// once the step's exchange finished. Users may supply their own model of it. A policy that
+/// learns may also offer `cp.save(w)` and `p.load(r)` (fields of a `state_record_writer` /
+/// `state_record_reader`, core/saved_state.hpp): the pipeline's checkpoints then hold its
+/// state, and a policy with `load` must be copyable (a restore reads into a copy first).
 ///
 /// Minimal conforming policy:
 /// \code
@@ -151,21 +155,31 @@ class adaptive_density_controller {
   /// Replaces the cost model (for example when the encoding's bytes per element are measured).
   void set_model(const exchange_cost_model& model) noexcept { model_ = model; }
 
-  /// Everything the controller learned, for checkpoints: restoring it into a controller with
-  /// the same options makes it decide exactly as the saved one would have.
-  struct state {
-    double density, bandwidth, bandwidth_held, compute, compute_held, latency;
-    std::int64_t fast_steps;
-  };
-  [[nodiscard]] state save_state() const noexcept {
-    return {density_, bandwidth_.value, bandwidth_.held, compute_.value, compute_.held, latency_, fast_steps_};
+  /// Writes / reads everything the controller learned, as fields of a saved-state record
+  /// (core/saved_state.hpp; the pipeline's checkpoint holds them): restoring it into a
+  /// controller with the same options makes it decide exactly as the saved one would have.
+  void save(state_record_writer& w) const {
+    w.put(density_);
+    w.put(bandwidth_.value);
+    w.put(bandwidth_.held);
+    w.put(compute_.value);
+    w.put(compute_.held);
+    w.put(latency_);
+    w.put(static_cast<std::int64_t>(fast_steps_));
   }
-  void load_state(const state& s) noexcept {
-    density_ = clamp(s.density);
-    bandwidth_ = {s.bandwidth, s.bandwidth_held};
-    compute_ = {s.compute, s.compute_held};
-    latency_ = s.latency;
-    fast_steps_ = static_cast<int>(s.fast_steps);
+  void load(state_record_reader& r) {
+    const auto density = r.get<double>();
+    const auto bandwidth = r.get<double>();
+    const auto bandwidth_held = r.get<double>();
+    const auto compute = r.get<double>();
+    const auto compute_held = r.get<double>();
+    const auto latency = r.get<double>();
+    const auto fast_steps = r.get<std::int64_t>();
+    density_ = clamp(density);
+    bandwidth_ = {bandwidth, bandwidth_held};
+    compute_ = {compute, compute_held};
+    latency_ = latency;
+    fast_steps_ = static_cast<int>(fast_steps);
   }
   /// The model's prediction of the exchange time at the current density and estimates.
   [[nodiscard]] double predicted_comm_seconds() const noexcept {

@@ -7,9 +7,9 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/compress/compressor.hpp>
 #include <stellatrain/core/aligned_buffer.hpp>
-#include <stellatrain/core/crc32c.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
+#include <stellatrain/core/saved_state.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/optim/optimizer_concepts.hpp>
 #include <stellatrain/pack/aggregate.hpp>
@@ -104,8 +104,7 @@ inline double thread_cpu_seconds() noexcept {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-inline constexpr std::uint32_t pipeline_checkpoint_magic = 0x4C505453u;  // "STPL"
-inline constexpr std::uint32_t pipeline_checkpoint_version = 1;
+inline constexpr state_kind pipeline_checkpoint_kind = state_kind::of("STELLPIP", 2);
 
 }  // namespace detail
 
@@ -531,47 +530,37 @@ class pipeline {
   // ------------------------------------------------------------------ checkpoints
 
   /// Writes the whole state (step, parameters and optimizer state, residuals and compressor
-  /// state, the policy's state where it has one) as a checksummed, versioned blob. Call after
-  /// `flush()` with no hand-over in progress; the blob of each rank holds that rank's state
-  /// (residuals differ between ranks).
+  /// state, the policy's state where it has one) in the checked format of
+  /// core/saved_state.hpp (kind "STELLPIP": records PIPE with the step and the tensors, POLI
+  /// with the policy's fields, COMP and OPTM with the compressor's and the optimizer's own
+  /// saved states). Call after `flush()` with no hand-over in progress; the blob of each rank
+  /// holds that rank's state (residuals differ between ranks).
   [[nodiscard]] std::vector<std::byte> save_checkpoint() {
     flush();
     std::lock_guard lock(mutex_);
-    std::vector<std::byte> out;
-    auto put = [&](const auto& v) {
-      const auto* p = reinterpret_cast<const std::byte*>(&v);
-      out.insert(out.end(), p, p + sizeof v);
-    };
-    put(detail::pipeline_checkpoint_magic);
-    put(detail::pipeline_checkpoint_version);
-    put(static_cast<std::uint64_t>(pushed_steps_));
-    put(static_cast<std::uint64_t>(tensors_.size()));
-    for (const auto& t : tensors_) {
-      put(t.id);
-      put(static_cast<std::uint64_t>(t.size));
-    }
-    if constexpr (requires { policy_.save_state(); }) {
-      const auto s = policy_.save_state();
-      put(static_cast<std::uint64_t>(sizeof s));
-      put(s);
-    } else {
-      put(std::uint64_t{0});
-    }
     const auto c = compressor_.save_state();
-    put(static_cast<std::uint64_t>(c.size()));
-    out.insert(out.end(), c.begin(), c.end());
-    const auto o_size = static_cast<std::size_t>(optimizer_.state_size_bytes());
-    put(static_cast<std::uint64_t>(o_size));
-    const std::size_t at = out.size();
-    out.resize(at + o_size);
-    optimizer_.save_state(std::span<std::byte>(out).subspan(at));
-    put(crc32c(out));
-    return out;
+    std::vector<std::byte> o(static_cast<std::size_t>(optimizer_.state_size_bytes()));
+    optimizer_.save_state(std::span<std::byte>(o));
+    return save_state_bytes(detail::pipeline_checkpoint_kind, [&](state_writer& w) {
+      w.record("PIPE", [&](state_record_writer& r) {
+        r.put(static_cast<std::uint64_t>(pushed_steps_));
+        r.put(static_cast<std::uint64_t>(tensors_.size()));
+        for (const auto& t : tensors_) {
+          r.put(t.id);
+          r.put(static_cast<std::uint64_t>(t.size));
+        }
+      });
+      w.record("POLI", [&](state_record_writer& r) {
+        if constexpr (requires { policy_.save(r); }) policy_.save(r);
+      });
+      w.record("COMP", [&](state_record_writer& r) { r.put_bytes(c); });
+      w.record("OPTM", [&](state_record_writer& r) { r.put_bytes(o); });
+    });
   }
 
   /// Restores a blob of `save_checkpoint` into a started pipeline with the same tensors and
-  /// options; a corrupted or mismatched blob throws (`errc::checksum_mismatch`,
-  /// `errc::malformed_message`, `errc::invalid_argument`) before anything changes. The run then
+  /// options. A damaged blob (`errc::checksum_mismatch`, `errc::malformed_message`) or one of
+  /// another configuration (`errc::invalid_argument`) throws and changes nothing. The run then
   /// continues exactly as the saved one would have. Call with no step in flight.
   void load_checkpoint(std::span<const std::byte> blob) {
     flush();
@@ -581,69 +570,49 @@ class pipeline {
       ~restart() { self->start_exchangers(); }
     } restart_on_exit{this};
     std::lock_guard lock(mutex_);
-    if (blob.size() < 4 + 4 + 8 + 8 + 4) throw_error(errc::malformed_message, "pipeline checkpoint: truncated");
-    std::uint32_t crc;
-    std::memcpy(&crc, blob.data() + blob.size() - 4, 4);
-    if (crc32c(blob.first(blob.size() - 4)) != crc) {
-      throw_error(errc::checksum_mismatch, "pipeline checkpoint: checksum mismatch");
-    }
-    std::size_t at = 0;
-    auto get = [&]<class T>(T& v) {
-      if (at + sizeof v > blob.size() - 4) throw_error(errc::malformed_message, "pipeline checkpoint: truncated");
-      std::memcpy(&v, blob.data() + at, sizeof v);
-      at += sizeof v;
-    };
-    std::uint32_t magic = 0, version = 0;
-    get(magic);
-    get(version);
-    if (magic != detail::pipeline_checkpoint_magic) throw_error(errc::malformed_message, "pipeline checkpoint: bad magic");
-    if (version != detail::pipeline_checkpoint_version) {
-      throw_error(errc::version_mismatch, "pipeline checkpoint: version " + std::to_string(version));
-    }
-    std::uint64_t steps = 0, count = 0;
-    get(steps);
-    get(count);
+    constexpr const char* who = "pipeline checkpoint";
+    state_reader rd(blob, detail::pipeline_checkpoint_kind, who);
+    auto head = rd.next("PIPE");
+    const auto steps = head.get<std::uint64_t>();
+    const auto count = head.get<std::uint64_t>();
     if (count != tensors_.size()) {
-      throw_error(errc::invalid_argument, "pipeline checkpoint: " + std::to_string(count) + " tensors, the pipeline has " +
-                                              std::to_string(tensors_.size()));
+      throw_error(errc::invalid_argument, std::string(who) + ": " + std::to_string(count) +
+                                              " tensors, the pipeline has " + std::to_string(tensors_.size()));
     }
     for (const auto& t : tensors_) {
-      std::uint32_t id = 0;
-      std::uint64_t size = 0;
-      get(id);
-      get(size);
+      const auto id = head.get<std::uint32_t>();
+      const auto size = head.get<std::uint64_t>();
       if (id != t.id || size != t.size) {
-        throw_error(errc::invalid_argument, "pipeline checkpoint: tensor " + std::to_string(id) + " of " +
+        throw_error(errc::invalid_argument, std::string(who) + ": tensor " + std::to_string(id) + " of " +
                                                 std::to_string(size) + " elements where the pipeline has tensor " +
                                                 std::to_string(t.id) + " of " + std::to_string(t.size));
       }
     }
-    std::uint64_t policy_bytes = 0;
-    get(policy_bytes);
-    const std::size_t policy_at = at;
-    if (policy_bytes > blob.size() - 4 - at) throw_error(errc::malformed_message, "pipeline checkpoint: truncated");
-    at += static_cast<std::size_t>(policy_bytes);
-    std::uint64_t c_bytes = 0;
-    get(c_bytes);
-    if (c_bytes > blob.size() - 4 - at) throw_error(errc::malformed_message, "pipeline checkpoint: truncated");
-    const auto c_state = blob.subspan(at, static_cast<std::size_t>(c_bytes));
-    at += static_cast<std::size_t>(c_bytes);
-    std::uint64_t o_bytes = 0;
-    get(o_bytes);
-    if (o_bytes != blob.size() - 4 - at) throw_error(errc::malformed_message, "pipeline checkpoint: bad optimizer length");
-    const auto o_state = blob.subspan(at, static_cast<std::size_t>(o_bytes));
-    // The parts check themselves before they change anything; the optimizer goes first (its
-    // checks are the strictest), then the compressor.
-    optimizer_.load_state(o_state);
-    compressor_.load_state(ex_, c_state);
-    if constexpr (requires { policy_.load_state(policy_.save_state()); }) {
-      using state_t = decltype(policy_.save_state());
-      if (policy_bytes == sizeof(state_t)) {
-        state_t s;
-        std::memcpy(&s, blob.data() + policy_at, sizeof s);
-        policy_.load_state(s);
-      }
+    head.finish();
+    auto policy = rd.next("POLI");
+    // The policy's fields are read into a copy first: it changes with the rest or not at all.
+    std::optional<Policy> restored_policy;
+    if constexpr (requires { policy_.load(policy); }) {
+      restored_policy.emplace(policy_);
+      restored_policy->load(policy);
     }
+    policy.finish();
+    auto c_record = rd.next("COMP");
+    const auto c_state = c_record.get_bytes(c_record.remaining());
+    auto o_record = rd.next("OPTM");
+    const auto o_state = o_record.get_bytes(o_record.remaining());
+    rd.finish();
+    // Each part checks itself before it changes anything; the compressor's state before this
+    // call is kept, so that an optimizer state it refuses leaves both as they were.
+    const auto compressor_before = compressor_.save_state();
+    compressor_.load_state(ex_, c_state);
+    try {
+      optimizer_.load_state(o_state);
+    } catch (...) {
+      compressor_.load_state(ex_, compressor_before);
+      throw;
+    }
+    if (restored_policy) policy_ = std::move(*restored_policy);
     const auto s = static_cast<std::int64_t>(steps);
     pushed_steps_ = s;
     applied_step_ = s - 1;

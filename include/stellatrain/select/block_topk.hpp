@@ -8,10 +8,11 @@
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/sparse.hpp>
-#include <stellatrain/detail/select_candidates.hpp>
-#include <stellatrain/detail/select_radix.hpp>
-#include <stellatrain/detail/select_sources.hpp>
-#include <stellatrain/detail/simd_lanes.hpp>
+#include <stellatrain/select/detail/candidate_pass.hpp>
+#include <stellatrain/select/detail/exact_select.hpp>
+#include <stellatrain/select/detail/keys.hpp>
+#include <stellatrain/select/selection_source.hpp>
+#include <stellatrain/core/detail/simd_lanes.hpp>
 #include <stellatrain/select/exact_topk.hpp>
 #include <stellatrain/select/selection.hpp>
 
@@ -388,6 +389,10 @@ template <class Arch = xsimd::default_arch>
 class block_topk_selector {
  public:
   using arch_type = Arch;
+  /// Nothing is kept from call to call.
+  struct tensor_state {};
+  /// Block scores, the chosen blocks and the exact selection's scratch.
+  using workspace = detail::block_workspace;
 
   block_topk_selector() = default;
   explicit block_topk_selector(block_topk_options options) : options_(options) {}
@@ -396,8 +401,33 @@ class block_topk_selector {
 
   /// Allocates (pre-faulting across `ex`) what calls with up to `n` elements of `T` and `k` need.
   template <value_type T = float, executor Ex>
+  void reserve(Ex& ex, workspace& ws, std::uint64_t n, std::uint64_t k) const {
+    ws.reserve(ex, n, k, detail::block_elements<T>, options_.blocks);
+  }
+  template <value_type T = float, executor Ex>
   void reserve(Ex& ex, std::uint64_t n, std::uint64_t k) {
-    bw_.reserve(ex, n, k, detail::block_elements<T>, options_.blocks);
+    reserve<T>(ex, bw_.get(), n, k);
+  }
+
+  /// One selection from `src` (see the `selector` concept).
+  template <executor Ex, class Source, class Emit>
+  block_selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src, std::uint64_t n,
+                                    std::uint64_t k, const selection_context&, Emit&& emit) const {
+    [[maybe_unused]] const auto awake = stay_awake(ex);  // several bulk calls follow
+    if (k > 0 && k < n) return detail::block_select<Arch>(ex, src, n, k, options_, ws, emit);
+    block_selection_stats all;
+    const auto trivial = detail::select_trivial<Arch>(ex, src, n, k, emit);
+    static_cast<selection_stats&>(all) = *trivial;
+    if (k == 0) return all;
+    const auto rd = src.reread();
+    using T = typename Source::value_type;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const float v = to_float(detail::value_from_bits<T>(rd.load_scalar(i)));
+      all.total_energy += static_cast<double>(v) * v;
+    }
+    all.kept_energy = all.total_energy;
+    all.blocks = (n + detail::block_elements<T> - 1) / detail::block_elements<T>;
+    return all;
   }
 
   /// Writes min(k, n) elements of `x` to the front of `indices` and `values` (indices
@@ -424,7 +454,8 @@ class block_topk_selector {
       indices[pos] = static_cast<Index>(index_base + i);
       values[pos] = detail::value_from_bits<T>(bits);
     };
-    return detail::block_select<Arch>(ex, detail::plain_source<T>{x.data()}, n, k, options_, bw_, emit);
+    tensor_state none;
+    return select_from(ex, none, bw_.get(), plain_source<T>{x.data()}, n, k, {}, emit);
   }
 
   /// As above, into `out` (resized to min(k, n); its capacity grows if too small).
@@ -439,7 +470,7 @@ class block_topk_selector {
 
  private:
   block_topk_options options_{};
-  detail::block_workspace bw_;
+  detail::copy_fresh<workspace> bw_;
 };
 
 static_assert(selector<block_topk_selector<>>);

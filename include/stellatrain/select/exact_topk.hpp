@@ -7,9 +7,10 @@
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/sparse.hpp>
-#include <stellatrain/detail/select_candidates.hpp>
-#include <stellatrain/detail/select_radix.hpp>
-#include <stellatrain/detail/select_sources.hpp>
+#include <stellatrain/select/detail/candidate_pass.hpp>
+#include <stellatrain/select/detail/exact_select.hpp>
+#include <stellatrain/select/detail/keys.hpp>
+#include <stellatrain/select/selection_source.hpp>
 #include <stellatrain/select/selection.hpp>
 
 #include <xsimd/xsimd.hpp>
@@ -71,6 +72,10 @@ template <class Arch = xsimd::default_arch>
 class exact_topk_selector {
  public:
   using arch_type = Arch;
+  /// Nothing is kept from call to call.
+  struct tensor_state {};
+  /// The candidate store and the histograms of the full passes.
+  using workspace = detail::candidate_select_workspace;
 
   exact_topk_selector() = default;
   explicit exact_topk_selector(exact_topk_options options) : options_(options) {}
@@ -80,8 +85,23 @@ class exact_topk_selector {
   /// Allocates (and pre-faults across `ex`) what calls with up to `n` elements and `k`
   /// selected need, so that no later call allocates.
   template <executor Ex>
+  void reserve(Ex& ex, workspace& ws, std::uint64_t n, std::uint64_t k) const {
+    ws.candidates.reserve(ex, detail::exact_capacity(n, k, options_.min_capacity), n, options_.samples);
+  }
+  template <executor Ex>
   void reserve(Ex& ex, std::uint64_t n, std::uint64_t k) {
-    ws_.reserve(ex, detail::exact_capacity(n, k, options_.min_capacity), n, options_.samples);
+    reserve(ex, ws_.get(), n, k);
+  }
+
+  /// One selection from `src` (see the `selector` concept).
+  template <executor Ex, class Source, class Emit>
+  selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src, std::uint64_t n,
+                              std::uint64_t k, const selection_context&, Emit&& emit) const {
+    if (auto done = detail::select_trivial<Arch>(ex, src, n, k, emit)) return *done;
+    reserve(ex, ws, n, k);
+    const detail::exact_tuning tuning{.samples = options_.samples, .z = options_.margin_sigmas};
+    return detail::stats_of(
+        detail::select_exact<Arch>(ex, src, n, k, k, tuning, ws.candidates, ws.radix, emit));
   }
 
   /// Writes the top min(k, n) of `x` (n = x.size()) to the front of `indices` and `values`,
@@ -91,22 +111,11 @@ class exact_topk_selector {
   template <executor Ex, value_type T, index_type Index>
   selection_stats select(Ex& ex, std::type_identity_t<std::span<const T>> x, std::uint64_t k,
                          std::span<Index> indices, std::span<T> values, std::uint64_t index_base = 0) {
-    const std::uint64_t n = x.size();
-    detail::check_selection_args<Index>("exact_topk_selector::select", n, k, indices.size(), values.size(),
-                                        index_base);
-    if (k == 0 || n == 0) return {};
-    if (k >= n) {
-      detail::select_all(ex, x, indices, values, index_base);
-      return {.count = n, .passes = 1};
-    }
-    reserve(ex, n, k);
-    auto emit = [&](std::uint64_t pos, std::uint64_t i, std::uint32_t bits) {
-      indices[pos] = static_cast<Index>(index_base + i);
-      values[pos] = detail::value_from_bits<T>(bits);
-    };
-    const detail::exact_tuning tuning{.samples = options_.samples, .z = options_.margin_sigmas};
-    return detail::stats_of(detail::select_exact<Arch>(ex, detail::plain_source<T>{x.data()}, n, k, k,
-                                                       tuning, ws_, rw_, emit));
+    return detail::select_spans("exact_topk_selector::select", ex, x, k, indices, values, index_base,
+                                [&](const auto& src, auto& emit) {
+                                  tensor_state none;
+                                  return select_from(ex, none, ws_.get(), src, x.size(), k, {}, emit);
+                                });
   }
 
   /// As above, into `out` (resized to min(k, n); its capacity grows if too small).
@@ -121,8 +130,7 @@ class exact_topk_selector {
 
  private:
   exact_topk_options options_{};
-  detail::candidate_workspace ws_;
-  detail::radix_workspace rw_;
+  detail::copy_fresh<workspace> ws_;
 };
 
 static_assert(selector<exact_topk_selector<>>);

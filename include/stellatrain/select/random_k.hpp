@@ -11,6 +11,9 @@
 #include <stellatrain/core/random_indices.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/select/selection.hpp>
+#include <stellatrain/select/selection_source.hpp>
+
+#include <xsimd/xsimd.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -34,18 +37,58 @@ namespace stellatrain {
 /// between calls (pre-faulted once). Not thread safe per object.
 ///
 /// \code
-///   stellatrain::random_k_selector rk;
+///   stellatrain::random_k_selector<> rk;
 ///   auto key = stellatrain::random_key{.seed = 42, .step = step, .tensor = layer};
 ///   rk.select(pool, key, std::span<const float>(grad), k, std::span(idx), std::span(val));
 ///   // receiver: stellatrain::sample_sorted_indices<std::uint32_t>(key, n, k, idx, workspace)
 /// \endcode
+template <class Arch = xsimd::default_arch>
 class random_k_selector {
  public:
-  /// Allocates (pre-faulting across `ex`) the bitmap for tensors of up to `n` elements.
+  using arch_type = Arch;
+  /// Nothing is kept from call to call: the indices are a function of the key.
+  struct tensor_state {};
+  /// The bitmap of the draw and the drawn indices.
+  struct workspace {
+    aligned_buffer<std::uint64_t> bitmap;
+    aligned_buffer<std::uint64_t> drawn;
+  };
+
+  /// `select_from` keys tensor `ctx.tensor` at step `ctx.step` of slice `ctx.slice` by
+  /// random_key{seed + slice, step, tensor}.
+  explicit random_k_selector(std::uint64_t seed = 0) noexcept : seed_(seed) {}
+
+  [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }
+
+  /// Allocates (pre-faulting across `ex`) the bitmap for tensors of up to `n` elements and
+  /// room for `k` drawn indices.
+  template <executor Ex>
+  void reserve(Ex& ex, workspace& ws, std::uint64_t n, std::uint64_t k) const {
+    const std::uint64_t words = sample_indices_workspace_words(n);
+    if (words > ws.bitmap.size()) ws.bitmap = aligned_buffer<std::uint64_t>(words, {.prefault = true}, ex);
+    if (k > ws.drawn.size()) ws.drawn = aligned_buffer<std::uint64_t>(k, {.prefault = true}, ex);
+  }
   template <executor Ex>
   void reserve(Ex& ex, std::uint64_t n) {
-    const std::uint64_t words = sample_indices_workspace_words(n);
-    if (words > bitmap_.size()) bitmap_ = aligned_buffer<std::uint64_t>(words, {.prefault = true}, ex);
+    reserve(ex, ws_.get(), n, 0);
+  }
+
+  /// One selection from `src` (see the `selector` concept): the first pass runs the source
+  /// over every element (its error-feedback update), then the drawn elements are read again.
+  template <executor Ex, class Source, class Emit>
+  selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src, std::uint64_t n,
+                              std::uint64_t k, const selection_context& ctx, Emit&& emit) const {
+    if (auto done = detail::select_trivial<Arch>(ex, src, n, k, emit)) return *done;
+    detail::consume_source<Arch>(ex, src, n);
+    reserve(ex, ws, n, k);
+    const random_key key{.seed = seed_ + ctx.slice, .step = static_cast<std::uint32_t>(ctx.step), .tensor = ctx.tensor};
+    std::span<std::uint64_t> drawn(ws.drawn.data(), static_cast<std::size_t>(k));
+    sample_sorted_indices<std::uint64_t>(key, n, k, drawn, ws.bitmap.span());
+    const auto rd = src.reread();
+    for_each_chunk(ex, k, std::uint64_t{1} << 14, [&](std::uint64_t b, std::uint64_t e) {
+      for (std::uint64_t j = b; j < e; ++j) emit(j, drawn[j], rd.load_scalar(drawn[j]));
+    });
+    return {.count = k, .exact = false, .passes = 1};
   }
 
   /// Writes the min(k, n) elements of `x` at the indices drawn for `key` to the front of
@@ -60,7 +103,7 @@ class random_k_selector {
     const std::uint64_t m = std::min(k, n);
     if (m == 0) return {};
     reserve(ex, n);
-    sample_sorted_indices<Index>(key, n, m, indices, bitmap_.span());
+    sample_sorted_indices<Index>(key, n, m, indices, ws_.get().bitmap.span());
     for_each_chunk(ex, m, std::uint64_t{1} << 14, [&](std::uint64_t b, std::uint64_t e) {
       for (std::uint64_t j = b; j < e; ++j) {
         values[j] = x[indices[j]];
@@ -81,7 +124,10 @@ class random_k_selector {
   }
 
  private:
-  aligned_buffer<std::uint64_t> bitmap_;
+  std::uint64_t seed_ = 0;
+  detail::copy_fresh<workspace> ws_;
 };
+
+static_assert(selector<random_k_selector<>>);
 
 }  // namespace stellatrain

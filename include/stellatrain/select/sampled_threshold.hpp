@@ -7,9 +7,10 @@
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/sparse.hpp>
-#include <stellatrain/detail/select_candidates.hpp>
-#include <stellatrain/detail/select_radix.hpp>
-#include <stellatrain/detail/select_sources.hpp>
+#include <stellatrain/select/detail/candidate_pass.hpp>
+#include <stellatrain/select/detail/exact_select.hpp>
+#include <stellatrain/select/detail/keys.hpp>
+#include <stellatrain/select/selection_source.hpp>
 #include <stellatrain/select/exact_topk.hpp>
 #include <stellatrain/select/selection.hpp>
 
@@ -95,6 +96,10 @@ template <class Arch = xsimd::default_arch>
 class sampled_threshold_selector {
  public:
   using arch_type = Arch;
+  /// Nothing is kept from call to call.
+  struct tensor_state {};
+  /// The candidate store and the histograms of the fallback's full passes.
+  using workspace = detail::candidate_select_workspace;
 
   sampled_threshold_selector() = default;
   explicit sampled_threshold_selector(sampled_threshold_options options) : options_(options) {}
@@ -103,8 +108,22 @@ class sampled_threshold_selector {
 
   /// Allocates (pre-faulting across `ex`) what calls with up to `n` elements and `k` need.
   template <executor Ex>
+  void reserve(Ex& ex, workspace& ws, std::uint64_t n, std::uint64_t k) const {
+    ws.candidates.reserve(ex, detail::threshold_capacity(n, k, options_.min_capacity), n,
+                          detail::sampled_count(n, options_));
+  }
+  template <executor Ex>
   void reserve(Ex& ex, std::uint64_t n, std::uint64_t k) {
-    ws_.reserve(ex, detail::threshold_capacity(n, k, options_.min_capacity), n, detail::sampled_count(n, options_));
+    reserve(ex, ws_.get(), n, k);
+  }
+
+  /// One selection from `src` (see the `selector` concept).
+  template <executor Ex, class Source, class Emit>
+  selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src, std::uint64_t n,
+                              std::uint64_t k, const selection_context&, Emit&& emit) const {
+    if (auto done = detail::select_trivial<Arch>(ex, src, n, k, emit)) return *done;
+    return detail::stats_of(
+        detail::sampled_threshold_select<Arch>(ex, src, n, k, options_, ws.candidates, ws.radix, emit));
   }
 
   /// Writes min(k, n) elements of `x` to the front of `indices` and `values` (indices
@@ -112,20 +131,11 @@ class sampled_threshold_selector {
   template <executor Ex, value_type T, index_type Index>
   selection_stats select(Ex& ex, std::type_identity_t<std::span<const T>> x, std::uint64_t k,
                          std::span<Index> indices, std::span<T> values, std::uint64_t index_base = 0) {
-    const std::uint64_t n = x.size();
-    detail::check_selection_args<Index>("sampled_threshold_selector::select", n, k, indices.size(),
-                                        values.size(), index_base);
-    if (k == 0 || n == 0) return {};
-    if (k >= n) {
-      detail::select_all(ex, x, indices, values, index_base);
-      return {.count = n, .passes = 1};
-    }
-    auto emit = [&](std::uint64_t pos, std::uint64_t i, std::uint32_t bits) {
-      indices[pos] = static_cast<Index>(index_base + i);
-      values[pos] = detail::value_from_bits<T>(bits);
-    };
-    return detail::stats_of(detail::sampled_threshold_select<Arch>(ex, detail::plain_source<T>{x.data()}, n, k,
-                                                                   options_, ws_, rw_, emit));
+    return detail::select_spans("sampled_threshold_selector::select", ex, x, k, indices, values, index_base,
+                                [&](const auto& src, auto& emit) {
+                                  tensor_state none;
+                                  return select_from(ex, none, ws_.get(), src, x.size(), k, {}, emit);
+                                });
   }
 
   /// As above, into `out` (resized to min(k, n); its capacity grows if too small).
@@ -140,8 +150,7 @@ class sampled_threshold_selector {
 
  private:
   sampled_threshold_options options_{};
-  detail::candidate_workspace ws_;
-  detail::radix_workspace rw_;
+  detail::copy_fresh<workspace> ws_;
 };
 
 static_assert(selector<sampled_threshold_selector<>>);

@@ -7,9 +7,10 @@
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/sparse.hpp>
-#include <stellatrain/detail/select_candidates.hpp>
-#include <stellatrain/detail/select_radix.hpp>
-#include <stellatrain/detail/select_sources.hpp>
+#include <stellatrain/select/detail/candidate_pass.hpp>
+#include <stellatrain/select/detail/exact_select.hpp>
+#include <stellatrain/select/detail/keys.hpp>
+#include <stellatrain/select/selection_source.hpp>
 #include <stellatrain/select/exact_topk.hpp>
 #include <stellatrain/select/selection.hpp>
 
@@ -202,6 +203,10 @@ template <class Arch = xsimd::default_arch>
 class threshold_selector {
  public:
   using arch_type = Arch;
+  /// The bound each tensor keeps.
+  using tensor_state = threshold_state;
+  /// The candidate store and the histograms of the fallback's full passes.
+  using workspace = detail::candidate_select_workspace;
 
   threshold_selector() = default;
   explicit threshold_selector(threshold_options options) : options_(options) {}
@@ -210,8 +215,52 @@ class threshold_selector {
 
   /// Allocates (pre-faulting across `ex`) what calls with up to `n` elements and `k` need.
   template <executor Ex>
+  void reserve(Ex& ex, workspace& ws, std::uint64_t n, std::uint64_t k) const {
+    ws.candidates.reserve(ex, detail::threshold_capacity(n, k, options_.min_capacity), n,
+                          options_.bootstrap.samples);
+  }
+  template <executor Ex>
   void reserve(Ex& ex, std::uint64_t n, std::uint64_t k) {
-    ws_.reserve(ex, detail::threshold_capacity(n, k, options_.min_capacity), n, options_.bootstrap.samples);
+    reserve(ex, ws_.get(), n, k);
+  }
+
+  /// One selection from `src` with the bound in `state`, which it updates (see
+  /// the `selector` concept).
+  template <executor Ex, class Source, class Emit>
+  selection_stats select_from(Ex& ex, threshold_state& state, workspace& ws, const Source& src, std::uint64_t n,
+                              std::uint64_t k, const selection_context&, Emit&& emit) const {
+    if (auto done = detail::select_trivial<Arch>(ex, src, n, k, emit)) return *done;
+    return detail::stats_of(detail::threshold_select<Arch, typename Source::value_type>(
+        ex, src, n, k, options_, state, ws.candidates, ws.radix, emit));
+  }
+
+  /// Writes / reads `state` as fields of a saved-state record (core/saved_state.hpp).
+  void save(const threshold_state& s, state_record_writer& w) const {
+    w.put(s.low_key);
+    w.put(s.kth_key);
+    w.put(s.tensor_size);
+    w.put(s.target);
+    w.put(s.element);
+    w.put(s.calls);
+    w.put(s.last_candidates);
+    w.put(s.deficits);
+    w.put(s.fallbacks);
+    w.put(s.bootstraps);
+  }
+  void load(threshold_state& s, state_record_reader& r) const {
+    threshold_state t;
+    t.low_key = r.get<std::uint32_t>();
+    t.kth_key = r.get<std::uint32_t>();
+    t.tensor_size = r.get<std::uint64_t>();
+    t.target = r.get<std::uint64_t>();
+    t.element = r.get<dtype>();
+    t.calls = r.get<std::uint64_t>();
+    t.last_candidates = r.get<std::uint64_t>();
+    t.deficits = r.get<std::uint64_t>();
+    t.fallbacks = r.get<std::uint64_t>();
+    t.bootstraps = r.get<std::uint64_t>();
+    if (size_of(t.element) == 0) r.fail("threshold state of an unknown element type");
+    s = t;
   }
 
   /// Writes min(k, n) elements of `x` chosen with `state` to the front of `indices` and
@@ -221,20 +270,10 @@ class threshold_selector {
   selection_stats select(Ex& ex, threshold_state& state, std::type_identity_t<std::span<const T>> x,
                          std::uint64_t k, std::span<Index> indices, std::span<T> values,
                          std::uint64_t index_base = 0) {
-    const std::uint64_t n = x.size();
-    detail::check_selection_args<Index>("threshold_selector::select", n, k, indices.size(), values.size(),
-                                        index_base);
-    if (k == 0 || n == 0) return {};
-    if (k >= n) {
-      detail::select_all(ex, x, indices, values, index_base);
-      return {.count = n, .passes = 1};
-    }
-    auto emit = [&](std::uint64_t pos, std::uint64_t i, std::uint32_t bits) {
-      indices[pos] = static_cast<Index>(index_base + i);
-      values[pos] = detail::value_from_bits<T>(bits);
-    };
-    return detail::stats_of(detail::threshold_select<Arch, T>(ex, detail::plain_source<T>{x.data()}, n, k,
-                                                              options_, state, ws_, rw_, emit));
+    return detail::select_spans("threshold_selector::select", ex, x, k, indices, values, index_base,
+                                [&](const auto& src, auto& emit) {
+                                  return select_from(ex, state, ws_.get(), src, x.size(), k, {}, emit);
+                                });
   }
 
   /// As above, into `out` (resized to min(k, n); its capacity grows if too small).
@@ -249,8 +288,9 @@ class threshold_selector {
 
  private:
   threshold_options options_{};
-  detail::candidate_workspace ws_;
-  detail::radix_workspace rw_;
+  detail::copy_fresh<workspace> ws_;
 };
+
+static_assert(selector<threshold_selector<>>);
 
 }  // namespace stellatrain

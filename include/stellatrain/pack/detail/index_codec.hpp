@@ -6,7 +6,7 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
-#include <stellatrain/detail/xsimd_compat.hpp>
+#include <stellatrain/core/detail/xsimd_compat.hpp>
 #include <stellatrain/pack/detail/bit_packing.hpp>
 #include <stellatrain/pack/wire_format.hpp>
 

@@ -7,7 +7,7 @@
 #include <stellatrain/core/cuda_check.cuh>
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/error.hpp>
-#include <stellatrain/detail/cub_compat.cuh>
+#include <stellatrain/core/detail/cub_compat.cuh>
 #include <stellatrain/select/detail/radix_select_kernels.cuh>
 #include <stellatrain/select/detail/radix_select_plan.hpp>
 #include <stellatrain/select/selection_layout.hpp>

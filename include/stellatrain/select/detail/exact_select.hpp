@@ -8,8 +8,9 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/aligned_buffer.hpp>
 #include <stellatrain/core/executor.hpp>
-#include <stellatrain/detail/select_candidates.hpp>
-#include <stellatrain/detail/select_sources.hpp>
+#include <stellatrain/select/detail/candidate_pass.hpp>
+#include <stellatrain/select/detail/keys.hpp>
+#include <stellatrain/select/selection_source.hpp>
 #include <stellatrain/select/selection.hpp>
 
 #include <algorithm>
@@ -37,6 +38,13 @@ struct radix_workspace {
     out = aligned_buffer<std::uint64_t>(chunks, opts, ex);
     quota = aligned_buffer<std::uint64_t>(chunks, opts, ex);
   }
+};
+
+/// The scratch of the selectors built on the candidate pass: its store, and the histograms
+/// of the full radix passes.
+struct candidate_select_workspace {
+  candidate_workspace candidates;
+  radix_workspace radix;
 };
 
 /// Chunk length of the full radix passes: at most 1024 chunks, so that their per-chunk

@@ -8,8 +8,9 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/aligned_buffer.hpp>
 #include <stellatrain/core/executor.hpp>
-#include <stellatrain/detail/select_sources.hpp>
-#include <stellatrain/detail/simd_lanes.hpp>
+#include <stellatrain/select/detail/keys.hpp>
+#include <stellatrain/select/selection_source.hpp>
+#include <stellatrain/core/detail/simd_lanes.hpp>
 
 #include <algorithm>
 #include <array>
