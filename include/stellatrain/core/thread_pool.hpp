@@ -224,27 +224,12 @@ class thread_pool {
   /// first exception (calls not yet started when it was thrown are skipped).
   template <class F>
   void bulk(std::size_t n, F&& f) {
-    if (n == 0) return;
     using fn_type = std::remove_reference_t<F>;
-    auto state = std::make_shared<detail::bulk_state>();
-    state->count = n;
-    state->fn = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
-    state->invoke = [](void* p, std::size_t i) { (*static_cast<fn_type*>(p))(i); };
-    const std::size_t helpers = std::min(n, concurrency()) - 1;
-    if (helpers > 0) {
-      {
-        std::lock_guard lock(mutex_);
-        for (std::size_t h = 0; h < helpers; ++h) {
-          queue_.emplace_back([state] { state->run(); });
-        }
-        queued_.store(queue_.size(), std::memory_order_release);
-      }
-      wake(helpers);
-    }
-    state->run();
-    state->wait(spin_, awake_);
-    if (state->error) std::rethrow_exception(state->error);
+    // Only this call is made per callable type; the rest is one function for all of them.
+    run_bulk(n, const_cast<void*>(static_cast<const void*>(std::addressof(f))),
+             [](void* p, std::size_t i) { (*static_cast<fn_type*>(p))(i); });
   }
+
 
   /// Runs `f()` on a worker; the future holds its result or its exception.
   template <class F>
@@ -262,6 +247,28 @@ class thread_pool {
   }
 
  private:
+  void run_bulk(std::size_t n, void* fn, void (*invoke)(void*, std::size_t)) {
+    if (n == 0) return;
+    auto state = std::make_shared<detail::bulk_state>();
+    state->count = n;
+    state->fn = fn;
+    state->invoke = invoke;
+    const std::size_t helpers = std::min(n, concurrency()) - 1;
+    if (helpers > 0) {
+      {
+        std::lock_guard lock(mutex_);
+        for (std::size_t h = 0; h < helpers; ++h) {
+          queue_.emplace_back([state] { state->run(); });
+        }
+        queued_.store(queue_.size(), std::memory_order_release);
+      }
+      wake(helpers);
+    }
+    state->run();
+    state->wait(spin_, awake_);
+    if (state->error) std::rethrow_exception(state->error);
+  }
+
   // Wakes sleeping workers for `tasks` new tasks (queued under the mutex before this call),
   // less the polling workers it claims: a claim takes one off `polling_`, and every polling
   // worker, claimed or not, locks the mutex when it stops polling and takes a queued task if

@@ -16,14 +16,16 @@
 namespace stellatrain::detail {
 
 // Updates elements [b, e) of `t` with gradient `g` (indexed like the tensor) and writes the new
-// parameters to `copy` (same indexing) when it is not null. Returns the number of elements
-// skipped for a non-finite gradient (always 0 unless MaskBad).
+// parameters to `copy` (same indexing) when it is not null. Elements whose gradient is not
+// finite are left untouched; returns how many. (Steps whose policy rejects non-finite
+// gradients check before this pass: masking finds nothing then, at the cost of a compare per
+// batch, which keeps one instantiation per rule instead of two.)
 //
 // The last partial batch runs through the same batch code on a padded copy, so every element
 // sees identical arithmetic whatever the chunking: results do not depend on the thread count.
 // Rule coefficients are built here, inside the chunk: batch constants captured from outside a
 // parallel region are reloaded on every iteration.
-template <class Arch, bool MaskBad, class Rule, class Grad, class Out>
+template <class Arch, class Rule, class Grad, class Out>
 std::uint64_t dense_chunk(const Rule& rule, const tensor_arrays& t, const Grad* g, Out* copy,
                           std::size_t b, std::size_t e) noexcept {
   using batch = xsimd::batch<float, Arch>;
@@ -40,26 +42,22 @@ std::uint64_t dense_chunk(const Rule& rule, const tensor_arrays& t, const Grad* 
     if constexpr (arrays > 0) v0 = batch::load_unaligned(a0);
     if constexpr (arrays > 1) v1 = batch::load_unaligned(a1);
     if constexpr (arrays > 2) v2 = batch::load_unaligned(a2);
-    if constexpr (MaskBad) {
-      batch np = vp, n0 = v0, n1 = v1, n2 = v2;
-      rule.apply(np, vg, n0, n1, n2, c);
-      const auto finite = xsimd::isfinite(vg);
-      if (!xsimd::all(finite)) [[unlikely]] {
-        alignas(64) float lanes[width];
-        vg.store_aligned(lanes);
-        for (std::size_t k = 0; k < width; ++k) skipped += std::isfinite(lanes[k]) ? 0 : 1;
-        np = xsimd::select(finite, np, vp);
-        n0 = xsimd::select(finite, n0, v0);
-        n1 = xsimd::select(finite, n1, v1);
-        n2 = xsimd::select(finite, n2, v2);
-      }
-      vp = np;
-      v0 = n0;
-      v1 = n1;
-      v2 = n2;
-    } else {
-      rule.apply(vp, vg, v0, v1, v2, c);
+    batch np = vp, n0 = v0, n1 = v1, n2 = v2;
+    rule.apply(np, vg, n0, n1, n2, c);
+    const auto finite = xsimd::isfinite(vg);
+    if (!xsimd::all(finite)) [[unlikely]] {
+      alignas(64) float lanes[width];
+      vg.store_aligned(lanes);
+      for (std::size_t k = 0; k < width; ++k) skipped += std::isfinite(lanes[k]) ? 0 : 1;
+      np = xsimd::select(finite, np, vp);
+      n0 = xsimd::select(finite, n0, v0);
+      n1 = xsimd::select(finite, n1, v1);
+      n2 = xsimd::select(finite, n2, v2);
     }
+    vp = np;
+    v0 = n0;
+    v1 = n1;
+    v2 = n2;
     vp.store_unaligned(p);
     if constexpr (arrays > 0) v0.store_unaligned(a0);
     if constexpr (arrays > 1) v1.store_unaligned(a1);

@@ -60,13 +60,12 @@ STELLATRAIN_FORCE_INLINE void prefetch_element(const tensor_arrays& t, std::uint
 // position of each of its gradient entries (compact) or at its index (dense).
 //
 // PerElement: the step number comes from the element's counter (incremented here,
-// saturating); otherwise the rule's per-tensor coefficients apply. MaskBad: elements whose
-// summed gradient is not finite are left untouched and counted. The rule and the array
+// saturating); otherwise the rule's per-tensor coefficients apply. Elements whose summed
+// gradient is not finite are left untouched and counted (see dense_chunk). The rule and the array
 // pointers are taken by value: the kernel's float stores cannot alias local copies, so they
 // stay in registers. `Arch` only keeps the instantiations of differently compiled
 // translation units apart (see step_driver.hpp).
-template <class Arch, bool PerElement, bool MaskBad, class Rule, class IndexFn, class Value,
-          class Out>
+template <class Arch, bool PerElement, class Rule, class IndexFn, class Value, class Out>
 sparse_piece_result sparse_piece(const Rule rule, const tensor_arrays t, IndexFn idx,
                                  const Value* values, std::size_t jb, std::size_t je, Out* copy,
                                  copy_layout layout) noexcept {
@@ -92,7 +91,7 @@ sparse_piece_result sparse_piece(const Rule rule, const tensor_arrays t, IndexFn
     }
 
     float p = t.params[i];
-    if (!MaskBad || std::isfinite(g)) [[likely]] {
+    if (std::isfinite(g)) [[likely]] {
       float a0 = 0.0f;
       float a1 = 0.0f;
       float a2 = 0.0f;

@@ -110,14 +110,14 @@ std::uint64_t dense_nonfinite_check(std::span<const Grad> g, Executor& ex,
 }
 
 // The update pass of a dense step with per-tensor coefficients.
-template <class Arch, bool MaskBad, class Rule, class Grad, class Out, executor Executor>
+template <class Arch, class Rule, class Grad, class Out, executor Executor>
 std::uint64_t dense_update(const Rule& rule, tensor_state& t, const Grad* g, Out* copy,
                            Executor& ex) {
   const tensor_arrays a = arrays_of(t);
   const std::uint64_t n = t.size;
   std::atomic<std::uint64_t> skipped{0};
   for_each_chunk(ex, n, dense_grain(n, ex), [&](std::uint64_t b, std::uint64_t e) {
-    const std::uint64_t s = dense_chunk<Arch, MaskBad>(rule, a, g, copy, static_cast<std::size_t>(b),
+    const std::uint64_t s = dense_chunk<Arch>(rule, a, g, copy, static_cast<std::size_t>(b),
                                                        static_cast<std::size_t>(e));
     if (s != 0) skipped.fetch_add(s, std::memory_order_relaxed);
   });
@@ -125,14 +125,14 @@ std::uint64_t dense_update(const Rule& rule, tensor_state& t, const Grad* g, Out
 }
 
 // The update pass of a dense step with per-element step counts: the scalar element loop.
-template <class Arch, bool MaskBad, class Rule, class Grad, class Out, executor Executor>
+template <class Arch, class Rule, class Grad, class Out, executor Executor>
 std::uint64_t dense_update_per_element(const Rule& rule, tensor_state& t, const Grad* g,
                                        Out* copy, Executor& ex) {
   const tensor_arrays a = arrays_of(t);
   const std::uint64_t n = t.size;
   std::atomic<std::uint64_t> skipped{0};
   for_each_chunk(ex, n, dense_grain(n, ex), [&](std::uint64_t b, std::uint64_t e) {
-    const auto r = sparse_piece<Arch, true, MaskBad>(rule, a, identity_index{}, g, static_cast<std::size_t>(b),
+    const auto r = sparse_piece<Arch, true>(rule, a, identity_index{}, g, static_cast<std::size_t>(b),
                                               static_cast<std::size_t>(e), copy, copy_layout::dense);
     if (r.skipped != 0) skipped.fetch_add(r.skipped, std::memory_order_relaxed);
   });
@@ -261,7 +261,7 @@ template <class Value, class Index>
 
 // The update pass of a sparse step: pieces of about equal update counts, never splitting a
 // run of equal indices.
-template <class Arch, bool PerElement, bool MaskBad, class Rule, class Value, class Index,
+template <class Arch, bool PerElement, class Rule, class Value, class Index,
           class Out, executor Executor>
 sparse_piece_result sparse_update(const Rule& rule, tensor_state& t, const Index* idx,
                                   const Value* val, std::uint64_t count, Out* copy,
@@ -275,7 +275,7 @@ sparse_piece_result sparse_update(const Rule& rule, tensor_state& t, const Index
                    const std::size_t jb = run_boundary(idx, n, static_cast<std::size_t>(b));
                    const std::size_t je = run_boundary(idx, n, static_cast<std::size_t>(e));
                    if (jb >= je) return;
-                   const auto r = sparse_piece<Arch, PerElement, MaskBad>(rule, a, index_array<Index>{idx},
+                   const auto r = sparse_piece<Arch, PerElement>(rule, a, index_array<Index>{idx},
                                                                    val, jb, je, copy, layout);
                    updated.fetch_add(r.updated, std::memory_order_relaxed);
                    if (r.skipped != 0) skipped.fetch_add(r.skipped, std::memory_order_relaxed);
@@ -327,16 +327,13 @@ step_report dense_step(Optimizer& opt, tensor_registry& registry, std::size_t te
   }
   const std::uint64_t step = ++t.step;
   Out* out = copy.values.empty() ? nullptr : copy.values.data();
-  const bool mask = policy == nonfinite_policy::skip_elements;
   const bool per_element = opt.step_mode() == step_count::per_element;
   std::uint64_t skipped = 0;
   opt.with_rule(step, [&](const auto& rule) {
     if (per_element) {
-      skipped = mask ? dense_update_per_element<Arch, true>(rule, t, g.data(), out, ex)
-                     : dense_update_per_element<Arch, false>(rule, t, g.data(), out, ex);
+      skipped = dense_update_per_element<Arch>(rule, t, g.data(), out, ex);
     } else {
-      skipped = mask ? dense_update<Arch, true>(rule, t, g.data(), out, ex)
-                     : dense_update<Arch, false>(rule, t, g.data(), out, ex);
+      skipped = dense_update<Arch>(rule, t, g.data(), out, ex);
     }
   });
   return {.applied = true, .updated = t.size - skipped, .nonfinite = skipped};
@@ -367,16 +364,13 @@ step_report sparse_step(Optimizer& opt, tensor_registry& registry, std::size_t t
   }
   const std::uint64_t step = ++t.step;
   Out* out = copy.values.empty() ? nullptr : copy.values.data();
-  const bool mask = policy == nonfinite_policy::skip_elements;
   const bool per_element = opt.step_mode() == step_count::per_element;
   sparse_piece_result r;
   opt.with_rule(step, [&](const auto& rule) {
     if (per_element) {
-      r = mask ? sparse_update<Arch, true, true>(rule, t, idx, val, g.size(), out, copy.layout, ex)
-               : sparse_update<Arch, true, false>(rule, t, idx, val, g.size(), out, copy.layout, ex);
+      r = sparse_update<Arch, true>(rule, t, idx, val, g.size(), out, copy.layout, ex);
     } else {
-      r = mask ? sparse_update<Arch, false, true>(rule, t, idx, val, g.size(), out, copy.layout, ex)
-               : sparse_update<Arch, false, false>(rule, t, idx, val, g.size(), out, copy.layout, ex);
+      r = sparse_update<Arch, false>(rule, t, idx, val, g.size(), out, copy.layout, ex);
     }
   });
   return {.applied = true, .updated = r.updated, .nonfinite = r.skipped};
