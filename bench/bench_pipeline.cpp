@@ -56,7 +56,8 @@ void BM_pipeline_step(benchmark::State& state) {
   for (auto _ : state) {
     double step_seconds = 0, stage_cpu = 0, link_bytes = 0, gate = 0, exchange = 0, copy = 0, slept = 0, push = 0,
            wholes = 0;
-    st::run_in_process(ranks, [&](st::in_process_transport& raw) {
+    // One rank; `record` is the pipeline's update record (bf16 for the zero-copy variant).
+    auto rank = [&](st::in_process_transport& raw, auto record) {
       const int r = raw.rank();
       st::shaped_transport<st::in_process_transport> t(std::move(raw), {.bits_per_second = rate,
                                                                         .latency = std::chrono::milliseconds(10)});
@@ -67,9 +68,8 @@ void BM_pipeline_step(benchmark::State& state) {
                      // link rate and the latency is paid once per bucket, not 3 times; 8
                      // exchange threads keep 8 buckets' latencies overlapping.
                      {.bucket_bytes = tensor_elements * sizeof(float), .staleness = 1, .exchange_threads = 8,
-                      .algorithm = st::allgather_algorithm::direct,
-                      .record_updates = zero_copy ? st::update_record::bf16 : st::update_record::off},
-                     st::fixed_density{density});
+                      .algorithm = st::allgather_algorithm::direct},
+                     st::fixed_density{density}, record);
       std::vector<float> init(tensor_elements, 0.0f);
       for (std::size_t i = 0; i < tensors; ++i) p.add_tensor(static_cast<std::uint32_t>(i), init);
       p.start();
@@ -94,17 +94,17 @@ void BM_pipeline_step(benchmark::State& state) {
         const auto a = st::transport_clock::now();
         for (std::size_t b = 0; b < p.bucket_count(); ++b) {  // one tensor per bucket here
           p.wait_for_forward(b);
-          if (!zero_copy) {
+          if constexpr (!decltype(p)::records_updates) {
             p.copy_params(b, params);
-            continue;
-          }
-          const st::param_changes c = p.copy_changes(b, held[b], std::span(changed), std::span(changed_values));
-          if (c.kind == st::param_changes_kind::sparse) {
-            for (std::uint64_t j = 0; j < c.count; ++j) mirror[b][changed[j]] = changed_values[j];
-            held[b] = c.version;
-          } else if (c.kind == st::param_changes_kind::whole) {
-            held[b] = p.copy_params(b, std::span(mirror[b]));
-            if (s >= warmup) ++whole_copies;
+          } else {
+            const st::param_changes c = p.copy_changes(b, held[b], std::span(changed), std::span(changed_values));
+            if (c.kind == st::param_changes_kind::sparse) {
+              for (std::uint64_t j = 0; j < c.count; ++j) mirror[b][changed[j]] = changed_values[j];
+              held[b] = c.version;
+            } else if (c.kind == st::param_changes_kind::whole) {
+              held[b] = p.copy_params(b, std::span(mirror[b]));
+              if (s >= warmup) ++whole_copies;
+            }
           }
         }
         const auto c = st::transport_clock::now();
@@ -142,6 +142,13 @@ void BM_pipeline_step(benchmark::State& state) {
         slept = sleep_time / measured;
         push = push_time / measured;
         wholes = whole_copies / measured;
+      }
+    };
+    st::run_in_process(ranks, [&](st::in_process_transport& raw) {
+      if (zero_copy) {
+        rank(raw, st::record_updates<st::bf16>);
+      } else {
+        rank(raw, st::record_updates_t<void>{});
       }
     });
     const double bound = std::max(std::chrono::duration<double>(compute).count(), link_bytes / (rate / 8.0));

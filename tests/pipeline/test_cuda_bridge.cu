@@ -83,7 +83,7 @@ TEST_CASE("the bridge keeps bf16 device parameters equal to the pipeline's, scat
     thread_pool pool{1};
     pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
                adam_optimizer({.lr = 1e-2f}),
-               {.bucket_bytes = 0, .staleness = 0, .record_updates = update_record::bf16}, fixed_density{0.02});
+               {.bucket_bytes = 0, .staleness = 0}, fixed_density{0.02}, record_updates<bf16>);
     for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), std::vector<float>(sizes[i], 1.0f));
     p.start();
     cuda_gradient_bridge bridge(p, {.max_density = 0.05});

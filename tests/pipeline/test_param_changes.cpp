@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Keeping a copy of the parameters up to date with the changed elements only
-// (`record_updates` + `copy_changes`): the copy stays bit-identical to a whole copy, a copy two
+// (`record_updates<T>` + `copy_changes`): the copy stays bit-identical to a whole copy, a copy two
 // steps behind gets the union of both steps' changes, anything older, a dense update or a
 // restore asks for a whole copy, and bad use is an error.
 #include <stellatrain/compress/error_feedback.hpp>
@@ -50,19 +50,26 @@ struct kind_counts {
   int none = 0, sparse = 0, merged = 0, whole = 0, compared = 0;
 };
 
+// Whether pipeline P offers copy_changes into values of type T.
+template <class P, class T>
+concept can_copy_changes_into =
+    requires(P& p, std::span<typename P::index_type> indices, std::span<T> values) {
+      p.copy_changes(std::size_t{0}, param_version{}, indices, values);
+    };
+
 // Trains `steps` steps on every rank; rank 0 keeps a copy of every tensor in T through
 // copy_changes, skipping the refresh of tensor 0 every 4th step (its copy falls two steps
 // behind) and of tensor 3 for two steps every 6 (three behind), and checks it against a
 // whole copy whenever no update landed in between.
 template <class T>
-kind_counts mirror_run(int staleness, update_record record) {
+kind_counts mirror_run(int staleness) {
   kind_counts counts;
   std::mutex m;
   run_in_process(2, [&](in_process_transport& t) {
     thread_pool pool{1};
     pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
                adam_optimizer({.lr = 1e-2f}),
-               {.bucket_bytes = 20000, .staleness = staleness, .record_updates = record}, fixed_density{0.02});
+               {.bucket_bytes = 20000, .staleness = staleness}, fixed_density{0.02}, record_updates<T>);
     add_tensors(p);
     p.start();
     std::vector<std::vector<T>> copy, whole;
@@ -114,8 +121,7 @@ kind_counts mirror_run(int staleness, update_record record) {
 TEST_CASE("copy_changes keeps a copy bit-identical to a whole copy", "[pipeline]") {
   const int staleness = GENERATE(0, 1);
   const bool bf16_copy = GENERATE(true, false);
-  const kind_counts c = bf16_copy ? mirror_run<bf16>(staleness, update_record::bf16)
-                                  : mirror_run<float>(staleness, update_record::fp32);
+  const kind_counts c = bf16_copy ? mirror_run<bf16>(staleness) : mirror_run<float>(staleness);
   INFO("staleness " << staleness << ": none " << c.none << ", sparse " << c.sparse << ", merged " << c.merged
                     << ", whole " << c.whole << ", compared " << c.compared);
   if (staleness == 0) {
@@ -162,8 +168,10 @@ TEST_CASE("copy_changes asks for a whole copy when the changes are not kept, and
   run_in_process(1, [&](in_process_transport& t) {
     thread_pool pool{1};
     pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
-               adam_optimizer({.lr = 1e-2f}), {.staleness = 0, .record_updates = update_record::bf16},
-               fixed_density{0.01});
+               adam_optimizer({.lr = 1e-2f}), {.staleness = 0}, fixed_density{0.01}, record_updates<bf16>);
+    STATIC_REQUIRE(can_copy_changes_into<decltype(p), bf16>);
+    STATIC_REQUIRE_FALSE(can_copy_changes_into<decltype(p), float>);  // another precision
+    STATIC_REQUIRE_FALSE(can_copy_changes_into<decltype(p), fp16>);
     add_tensors(p);
     std::vector<std::uint32_t> idx(100);
     std::vector<bf16> val(100);
@@ -189,8 +197,13 @@ TEST_CASE("copy_changes asks for a whole copy when the changes are not kept, and
     CHECK(small.kind == param_changes_kind::whole);
     CHECK(small.count == 40);
     // Errors.
-    CHECK_THROWS_AS(p.copy_changes(0, initial, std::span(idx), std::span(f32)), error);  // another precision
-    CHECK_THROWS_AS(p.copy_changes(9, initial, std::span(idx), std::span(val)), std::out_of_range);
+    try {
+      (void)p.copy_changes(9, initial, std::span(idx), std::span(val));
+      FAIL("no error for an unknown tensor");
+    } catch (const error& e) {
+      CHECK(e.code() == errc::out_of_range);
+    }
+    CHECK_THROWS_AS(p.bucket_of(9), error);
     CHECK_THROWS_AS(p.copy_params(0, std::span(f32)), error);  // size
     // Two steps behind: the union; three: whole.
     step(1);
@@ -218,8 +231,7 @@ TEST_CASE("copy_changes asks for a whole copy when the changes are not kept, and
                adam_optimizer({.lr = 1e-2f}), {.staleness = 0}, fixed_density{0.01});
     add_tensors(p);
     p.start();
-    std::vector<std::uint32_t> idx(100);
-    std::vector<bf16> val(100);
-    CHECK_THROWS_AS(p.copy_changes(0, {}, std::span(idx), std::span(val)), error);  // records nothing
+    STATIC_REQUIRE_FALSE(can_copy_changes_into<decltype(p), bf16>);  // records nothing
+    STATIC_REQUIRE_FALSE(can_copy_changes_into<decltype(p), float>);
   });
 }

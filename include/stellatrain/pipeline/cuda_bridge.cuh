@@ -19,8 +19,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace stellatrain {
@@ -50,7 +52,7 @@ struct cuda_bridge_options {
 ///   `stream` once (the pipeline needs the bytes on the host); nothing else waits.
 /// - `upload_params(t, device_params, stream)`: after `wait_for_forward`, brings the tensor's
 ///   parameters on the device (float, fp16 or bf16) up to date, ordered on `stream`. When the
-///   pipeline records updates in that precision (`pipeline_options::record_updates`) and the
+///   pipeline records updates in that precision (its `Record` parameter) and the
 ///   device copy is at most two steps behind, only the changed elements travel (one
 ///   host-to-device copy of indices and values, then `scatter_values`); otherwise the whole
 ///   tensor (one host-to-device copy through the pinned staging buffer). The bridge tracks
@@ -148,24 +150,9 @@ class cuda_gradient_bridge {
       STELLATRAIN_CUDA_CHECK(cudaStreamSynchronize(b.upload_stream));
       b.uploading = false;
     }
-    if (pipeline_.options().record_updates == update_record_of<Param> && b.change_capacity > 0) {
-      // Staging: indices first, then values, in the pinned parameter buffer.
-      auto* idx = static_cast<index_t*>(b.host_params);
-      auto* val = reinterpret_cast<Param*>(idx + b.change_capacity);
-      const param_changes c = pipeline_.copy_changes(t, b.held, std::span<index_t>(idx, b.change_capacity),
-                                                     std::span<Param>(val, b.change_capacity));
-      if (c.kind == param_changes_kind::none) return c.kind;
-      if (c.kind == param_changes_kind::sparse) {
-        auto* d_idx = static_cast<index_t*>(b.device_changes);
-        auto* d_val = reinterpret_cast<Param*>(d_idx + b.change_capacity);
-        b.held = param_version{};  // until the copies below are issued
-        STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(d_idx, idx, c.count * sizeof(index_t), cudaMemcpyHostToDevice, ctx.stream));
-        STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(d_val, val, c.count * sizeof(Param), cudaMemcpyHostToDevice, ctx.stream));
-        scatter_values(ctx, d_idx, d_val, c.count, device_params, b.n);
-        b.upload_stream = ctx.stream;
-        b.uploading = true;
-        b.held = c.version;
-        return c.kind;
+    if constexpr (std::is_same_v<typename Pipeline::record_type, Param>) {
+      if (b.change_capacity > 0) {
+        if (const auto kind = upload_changes(b, t, device_params, ctx)) return *kind;
       }
     }
     b.held = param_version{};
@@ -202,18 +189,49 @@ class cuda_gradient_bridge {
     bool uploading = false;
   };
 
-  std::size_t recorded_bytes() const noexcept {
-    return pipeline_.options().record_updates == update_record::fp32 ? 4 : 2;
+  static constexpr std::size_t recorded_bytes() noexcept {
+    if constexpr (Pipeline::records_updates) {
+      return sizeof(typename Pipeline::record_type);
+    } else {
+      return 0;
+    }
+  }
+
+  // The changed elements of tensor t, when the pipeline has them: none or sparse (done), or
+  // nothing when the tensor must travel whole.
+  template <class Param>
+  std::optional<param_changes_kind> upload_changes(tensor_buffers& b, std::size_t t, Param* device_params,
+                                                 cuda_stream ctx) {
+    // Staging: indices first, then values, in the pinned parameter buffer.
+    auto* idx = static_cast<index_t*>(b.host_params);
+    auto* val = reinterpret_cast<Param*>(idx + b.change_capacity);
+    const param_changes c = pipeline_.copy_changes(t, b.held, std::span<index_t>(idx, b.change_capacity),
+                                                   std::span<Param>(val, b.change_capacity));
+    if (c.kind == param_changes_kind::none) return c.kind;
+    if (c.kind != param_changes_kind::sparse) return std::nullopt;
+    auto* d_idx = static_cast<index_t*>(b.device_changes);
+    auto* d_val = reinterpret_cast<Param*>(d_idx + b.change_capacity);
+    b.held = param_version{};  // until the copies below are issued
+    STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(d_idx, idx, c.count * sizeof(index_t), cudaMemcpyHostToDevice, ctx.stream));
+    STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(d_val, val, c.count * sizeof(Param), cudaMemcpyHostToDevice, ctx.stream));
+    scatter_values(ctx, d_idx, d_val, c.count, device_params, b.n);
+    b.upload_stream = ctx.stream;
+    b.uploading = true;
+    b.held = c.version;
+    return c.kind;
   }
 
   // Changes worth sending: fewer bytes than the whole tensor in the recorded precision (so
   // they also fit the staging buffer of n * 4 bytes), and at most what the ranks' selections
   // of two steps can change.
   std::uint64_t change_capacity(const tensor_buffers& b) const noexcept {
-    if (pipeline_.options().record_updates == update_record::off) return 0;
-    const std::uint64_t by_bytes = b.n * recorded_bytes() / (sizeof(index_t) + recorded_bytes());
-    const std::uint64_t by_selections = 2 * static_cast<std::uint64_t>(pipeline_.ranks()) * b.max_k;
-    return std::min(by_bytes, by_selections);
+    if constexpr (Pipeline::records_updates) {
+      const std::uint64_t by_bytes = b.n * recorded_bytes() / (sizeof(index_t) + recorded_bytes());
+      const std::uint64_t by_selections = 2 * static_cast<std::uint64_t>(pipeline_.ranks()) * b.max_k;
+      return std::min(by_bytes, by_selections);
+    } else {
+      return 0;
+    }
   }
 
   void release() noexcept {

@@ -12,23 +12,20 @@
 
 namespace stellatrain {
 
-/// What a `pipeline` keeps of each applied update, so that `pipeline::copy_changes` can bring
-/// a copy of the parameters up to date with the changed elements only (`pipeline_options::
-/// record_updates`). With `off` it keeps nothing; otherwise, per tensor and for its last two
-/// applied steps, the indices the step changed and their new values in this precision, written
-/// in the optimizer's pass (the upload copy; rounding to nearest even).
-enum class update_record : std::uint8_t {
-  off = 0,
-  fp32 = 1,
-  fp16 = 2,
-  bf16 = 3,
-};
-
-/// The `update_record` that keeps values of type `T` (float, fp16 or bf16).
+/// The tag that makes a `pipeline` keep each applied update in precision `T` (float, fp16 or
+/// bf16), so that `pipeline::copy_changes` can bring a copy of the parameters up to date with
+/// the changed elements only: pass `record_updates<T>` as the pipeline's last constructor
+/// argument. The pipeline then keeps, per tensor and for its last two applied steps, the
+/// indices the step changed and their new values in `T`, written in the optimizer's pass (the
+/// upload copy; rounding to nearest even). A pipeline built without it keeps nothing and has
+/// no `copy_changes`.
 template <class T>
-inline constexpr update_record update_record_of = std::is_same_v<T, float>  ? update_record::fp32
-                                                  : std::is_same_v<T, fp16> ? update_record::fp16
-                                                                            : update_record::bf16;
+struct record_updates_t {
+  using type = T;
+};
+template <class T>
+  requires std::is_same_v<T, float> || std::is_same_v<T, fp16> || std::is_same_v<T, bf16>
+inline constexpr record_updates_t<T> record_updates{};
 
 /// Which parameters a copy holds: every update through `step` (-1: the initial parameters after
 /// `start`), in the pipeline's state after its `generation`-th `load_checkpoint` (a restore

@@ -78,10 +78,6 @@ struct pipeline_options {
   tag_type tag_base = 4096;
   /// Aggregation scatters into a dense gradient from this many received pairs per element.
   double dense_threshold = 0.25;
-  /// Keep each tensor's last two updates (changed indices, new values in this precision) for
-  /// `copy_changes`, the cheap way to keep a copy of the parameters (the GPU's) up to date.
-  /// Memory: up to the union of the ranks' selections per tensor and step, twice.
-  update_record record_updates = update_record::off;
 };
 
 /// Totals of a pipeline's work on this rank.
@@ -127,9 +123,12 @@ inline constexpr state_kind pipeline_checkpoint_kind = state_kind::of("STELLPIP"
 ///    write it into `gradient_buffer(t)` and call `push_gradient(t)`. When every tensor of a
 ///    bucket is in, the bucket goes down the pipeline while backward continues.
 /// 3. Before the forward pass reads a bucket's parameters: `wait_for_forward(b)`, then
-///    `copy_params(t, out)` for its tensors (the analogue of the upload to the GPU), or, with
-///    `record_updates`, `copy_changes(t, held, ...)`: only the elements changed since the
-///    copy's version `held` (pipeline/cuda_bridge.cuh scatters them into GPU memory).
+///    `copy_params(t, out)` for its tensors (the analogue of the upload to the GPU), or, in a
+///    pipeline that records its updates (`Record`: float, fp16 or bf16, set by passing
+///    `record_updates<T>` to the constructor), `copy_changes(t, held, ...)`: only the elements
+///    changed since the copy's version `held` (pipeline/cuda_bridge.cuh scatters them into
+///    GPU memory). Memory of the record: up to the union of the ranks' selections per tensor
+///    and step, twice.
 ///
 /// Staleness (the gate of step 3): with `staleness` 0, the forward of step t+1 waits until
 /// every update of step t is applied; with 1, until every update of step t-1 is, so that step
@@ -156,20 +155,26 @@ inline constexpr state_kind pipeline_checkpoint_kind = state_kind::of("STELLPIP"
 /// `copy_params` may be called from any thread. The pipeline's own threads are its exchange
 /// threads; everything else runs on the executor.
 template <compressor Compressor, transport Transport, sparse_optimizer Optimizer, task_executor Executor,
-          density_policy Policy = adaptive_density_controller>
+          density_policy Policy = adaptive_density_controller, class Record = void>
+  requires(std::is_void_v<Record> || value_type<Record>)
 class pipeline {
   using value_t = typename Compressor::value_type;
   using index_t = typename Compressor::index_type;
+  // The value type of the update record (unused without one).
+  using log_value_t = std::conditional_t<std::is_void_v<Record>, float, Record>;
 
  public:
   using compressor_type = Compressor;
   using transport_type = Transport;
   using optimizer_type = Optimizer;
+  /// The precision of the update record (`void`: none is kept).
+  using record_type = Record;
+  static constexpr bool records_updates = !std::is_void_v<Record>;
   /// The index type of `copy_changes`.
   using index_type = index_t;
 
   pipeline(Transport& transport, Executor& executor, Compressor compressor, Optimizer optimizer,
-           pipeline_options options = {}, Policy policy = Policy{})
+           pipeline_options options = {}, Policy policy = Policy{}, record_updates_t<Record> = {})
       : transport_(transport),
         ex_(executor),
         compressor_(std::move(compressor)),
@@ -288,9 +293,9 @@ class pipeline {
 
   [[nodiscard]] std::size_t tensor_count() const noexcept { return tensors_.size(); }
   [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
-  [[nodiscard]] std::size_t bucket_of(std::size_t tensor) const { return tensors_.at(tensor).bucket; }
-  [[nodiscard]] bucket_range bucket(std::size_t b) const { return buckets_.at(b)->range; }
-  [[nodiscard]] std::uint64_t tensor_size(std::size_t tensor) const { return tensors_.at(tensor).size; }
+  [[nodiscard]] std::size_t bucket_of(std::size_t tensor) const { return tensor_at(tensor).bucket; }
+  [[nodiscard]] bucket_range bucket(std::size_t b) const { return buckets_[bucket_index(b)]->range; }
+  [[nodiscard]] std::uint64_t tensor_size(std::size_t tensor) const { return tensor_at(tensor).size; }
   [[nodiscard]] const pipeline_options& options() const noexcept { return options_; }
   [[nodiscard]] int rank() const noexcept { return transport_.rank(); }
   [[nodiscard]] int ranks() const noexcept { return ranks_; }
@@ -303,7 +308,7 @@ class pipeline {
   /// more than `staleness + 1` steps ahead of the pipeline.
   void push_gradient(std::size_t t, std::span<const float> grad) {
     require_started("push_gradient");
-    tensor_state& ts = tensors_.at(t);
+    tensor_state& ts = tensor_at(t);
     if (grad.size() != ts.size) {
       throw_error(errc::size_mismatch, "pipeline::push_gradient: tensor " + std::to_string(ts.id) + " has " +
                                            std::to_string(ts.size) + " elements, the gradient " +
@@ -341,7 +346,7 @@ class pipeline {
   [[nodiscard]] std::span<float> gradient_buffer(std::size_t t) {
     require_started("gradient_buffer");
     require_single_micro_batch("gradient_buffer");
-    const tensor_state& ts = tensors_.at(t);
+    const tensor_state& ts = tensor_at(t);
     slot_state& slot = slot_for_next_push(ts, "gradient_buffer");
     return {slot.grad.data() + ts.offset_in_bucket, static_cast<std::size_t>(ts.size)};
   }
@@ -350,7 +355,7 @@ class pipeline {
   void push_gradient(std::size_t t) {
     require_started("push_gradient");
     require_single_micro_batch("push_gradient (zero-copy)");
-    tensor_state& ts = tensors_.at(t);
+    tensor_state& ts = tensor_at(t);
     bucket_state& b = *buckets_[ts.bucket];
     slot_state& slot = slot_for_next_push(ts, "push_gradient");
     const auto step = static_cast<std::int64_t>(ts.pushes);
@@ -367,7 +372,7 @@ class pipeline {
   void push_selection(std::size_t t, sparse_view<const value_t, const index_t> selection) {
     require_started("push_selection");
     require_single_micro_batch("push_selection");
-    tensor_state& ts = tensors_.at(t);
+    tensor_state& ts = tensor_at(t);
     if (selection.dense_size() != ts.size) {
       throw_error(errc::size_mismatch, "pipeline::push_selection: tensor " + std::to_string(ts.id) + " has " +
                                            std::to_string(ts.size) + " elements, the selection's dense size is " +
@@ -391,7 +396,7 @@ class pipeline {
   /// once). Throws the pipeline's failure, or `errc::timeout` after `options().timeout`.
   void wait_ready(std::size_t b, std::int64_t step) {
     require_started("wait_ready");
-    bucket_state& bs = *buckets_.at(b);
+    bucket_state& bs = *buckets_[bucket_index(b)];
     timed_wait("wait_ready: bucket " + std::to_string(b) + " step " + std::to_string(step),
                [&] { return bs.applied >= step; });
   }
@@ -415,28 +420,23 @@ class pipeline {
   param_version copy_params(std::size_t t, std::span<fp16> out) { return copy_params_as(t, out); }
   param_version copy_params(std::size_t t, std::span<bf16> out) { return copy_params_as(t, out); }
 
-  /// With `options().record_updates` set to T's precision: writes to `indices` / `values` the
+  /// In a pipeline that records its updates (`Record`): writes to `indices` / `values` the
   /// elements of tensor `t` that changed since the copy of version `held` (sorted indices,
-  /// their current values in T), so that setting them brings the copy to the version returned.
-  /// Consistent like `copy_params`. Returns `param_changes_kind::none` when the copy is
-  /// current; `whole` (the spans' contents unspecified) when the changes are not kept:
+  /// their current values in `Record`), so that setting them brings the copy to the version
+  /// returned. Consistent like `copy_params`. Returns `param_changes_kind::none` when the copy
+  /// is current; `whole` (the spans' contents unspecified) when the changes are not kept:
   /// `held` is more than two steps behind, holds nothing known or predates a restore, an
   /// update in between was dense (a dense aggregation), or the spans are shorter than the
-  /// changes (`count` says how many). Then copy the tensor with `copy_params`.
-  /// Errors: `errc::invalid_argument` when the pipeline records no updates or records another
-  /// precision, `std::out_of_range` for an unknown tensor. Time: O(changes) (a merge of two
-  /// sorted lists when `held` is two steps behind).
-  template <class T>
-  param_changes copy_changes(std::size_t t, param_version held, std::span<index_t> indices, std::span<T> values) {
-    static_assert(value_type<T>, "copy_changes: values are float, fp16 or bf16");
+  /// changes (`count` says how many). Then copy the tensor with `copy_params`. Values of
+  /// another precision do not compile. Errors: `errc::out_of_range` for an unknown tensor.
+  /// Time: O(changes) (a merge of two sorted lists when `held` is two steps behind).
+  param_changes copy_changes(std::size_t t, param_version held, std::span<index_t> indices,
+                             std::span<log_value_t> values)
+    requires records_updates
+  {
+    using T = Record;
     require_started("copy_changes");
-    if (options_.record_updates != update_record_of<T>) {
-      throw_error(errc::invalid_argument,
-                  std::string("pipeline::copy_changes: the pipeline records ") +
-                      (options_.record_updates == update_record::off ? "no updates (set pipeline_options::record_updates)"
-                                                                     : "updates in another precision"));
-    }
-    tensor_state& ts = tensors_.at(t);
+    tensor_state& ts = tensor_at(t);
     bucket_state& b = *buckets_[ts.bucket];
     std::lock_guard lock(b.params_mutex);
     const param_version now{.step = ts.applied, .generation = generation_.load(std::memory_order_relaxed)};
@@ -447,7 +447,7 @@ class pipeline {
     }
     const update_log& last = ts.log[static_cast<std::size_t>(now.step % 2)];
     if (last.step != now.step || last.whole) return whole;
-    const std::span<const T> last_values = last.template values<T>();
+    const std::span<const T> last_values = last.values;
     if (now.step - held.step == 1) {
       whole.count = last.indices.size();
       if (last.indices.size() > indices.size() || last.indices.size() > values.size()) return whole;
@@ -458,7 +458,7 @@ class pipeline {
     const update_log& before = ts.log[static_cast<std::size_t>((now.step - 1) % 2)];
     if (before.step != now.step - 1 || before.whole) return whole;
     // The union of the two steps' changes; where both changed an element, the later value.
-    const std::span<const T> before_values = before.template values<T>();
+    const std::span<const T> before_values = before.values;
     const std::size_t na = before.indices.size(), nb = last.indices.size();
     const std::size_t room = std::min(indices.size(), values.size());
     std::size_t i = 0, j = 0, n = 0;
@@ -636,25 +636,12 @@ class pipeline {
   }
 
  private:
-  // One applied update of a tensor, as `record_updates` keeps it.
+  // One applied update of a tensor, as the update record keeps it.
   struct update_log {
     std::int64_t step = param_version::nothing;
-    bool whole = true;                 // it may have changed every element
-    std::vector<index_t> indices;      // else: the elements it changed, sorted
-    std::vector<float> fp32_values;    // their new values, in the recorded precision
-    std::vector<fp16> fp16_values;
-    std::vector<bf16> bf16_values;
-
-    template <class T>
-    std::vector<T>& values() {
-      if constexpr (std::is_same_v<T, float>) return fp32_values;
-      else if constexpr (std::is_same_v<T, fp16>) return fp16_values;
-      else return bf16_values;
-    }
-    template <class T>
-    std::span<const T> values() const {
-      return const_cast<update_log*>(this)->template values<T>();
-    }
+    bool whole = true;                // it may have changed every element
+    std::vector<index_t> indices;     // else: the elements it changed, sorted
+    std::vector<log_value_t> values;  // their new values, in the recorded precision
   };
 
   struct tensor_state {
@@ -666,7 +653,7 @@ class pipeline {
     std::uint64_t pushes = 0;  // hand-overs so far (micro-batches included)
     // Guarded by the bucket's params_mutex:
     std::int64_t applied = -1;  // the last step applied to the parameters
-    update_log log[2];          // with record_updates: the updates of steps s, by s mod 2
+    update_log log[2];          // with an update record: the updates of steps s, by s mod 2
   };
 
   struct slot_state {
@@ -1087,11 +1074,10 @@ class pipeline {
         log.step = step;
         log.whole = true;
       } else {
-        switch (options_.record_updates) {
-          case update_record::off: optimizer_.step(ts.optimizer_index, sparse, ex_); break;
-          case update_record::fp32: step_and_log<float>(ts, step, sparse); break;
-          case update_record::fp16: step_and_log<fp16>(ts, step, sparse); break;
-          case update_record::bf16: step_and_log<bf16>(ts, step, sparse); break;
+        if constexpr (records_updates) {
+          step_and_log(ts, step, sparse);
+        } else {
+          optimizer_.step(ts.optimizer_index, sparse, ex_);
         }
       }
       ts.applied = step;
@@ -1104,10 +1090,28 @@ class pipeline {
 
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
+  // Tensor `t`, or `errc::out_of_range`.
+  tensor_state& tensor_at(std::size_t t) {
+    if (t >= tensors_.size()) {
+      throw_error(errc::out_of_range, "pipeline: tensor " + std::to_string(t) + " is not registered (" +
+                                          std::to_string(tensors_.size()) + " tensors)");
+    }
+    return tensors_[t];
+  }
+  const tensor_state& tensor_at(std::size_t t) const { return const_cast<pipeline*>(this)->tensor_at(t); }
+  // Bucket `b` checked, or `errc::out_of_range`.
+  std::size_t bucket_index(std::size_t b) const {
+    if (b >= buckets_.size()) {
+      throw_error(errc::out_of_range, "pipeline: bucket " + std::to_string(b) + " does not exist (" +
+                                          std::to_string(buckets_.size()) + " buckets)");
+    }
+    return b;
+  }
+
   template <class T>
   param_version copy_params_as(std::size_t t, std::span<T> out) {
     require_started("copy_params");
-    const tensor_state& ts = tensors_.at(t);
+    const tensor_state& ts = tensor_at(t);
     if (out.size() != ts.size) {
       throw_error(errc::size_mismatch, "pipeline::copy_params: tensor " + std::to_string(ts.id) + " has " +
                                            std::to_string(ts.size) + " elements, the output " +
@@ -1122,15 +1126,17 @@ class pipeline {
     return {.step = ts.applied, .generation = generation_.load(std::memory_order_relaxed)};
   }
 
-  // The sparse optimizer step of tensor `ts`, keeping the update in `record_updates`'s log:
-  // the new values come from the optimizer's own pass where it writes an upload copy
-  // (`param_copy`), else from its parameters after the step.
-  template <class T>
-  void step_and_log(tensor_state& ts, std::int64_t step, const sparse_view<const float, const index_t>& g) {
+  // The sparse optimizer step of tensor `ts`, keeping the update in the record: the new
+  // values come from the optimizer's own pass where it writes an upload copy (`param_copy`),
+  // else from its parameters after the step.
+  void step_and_log(tensor_state& ts, std::int64_t step, const sparse_view<const float, const index_t>& g)
+    requires records_updates
+  {
+    using T = Record;
     update_log& log = ts.log[static_cast<std::size_t>(step % 2)];
     log.step = param_version::nothing;  // until it is complete
     log.indices.assign(g.indices().begin(), g.indices().end());
-    std::vector<T>& values = log.template values<T>();
+    std::vector<T>& values = log.values;
     values.resize(g.size());
     if constexpr (requires { optimizer_.step(ts.optimizer_index, g, ex_, param_copy<T>{}); }) {
       optimizer_.step(ts.optimizer_index, g, ex_, param_copy<T>{.values = std::span<T>(values)});
