@@ -113,12 +113,14 @@ std::vector<std::uint32_t> reads_of_one_call(const S& sel, const std::vector<flo
   typename S::workspace ws;
   inline_executor ex;
   std::vector<std::uint64_t> emitted;
+  std::uint64_t out_of_order = 0;  // emissions whose position is not the next one
   auto emit = [&](std::uint64_t pos, std::uint64_t i, std::uint32_t) {
-    REQUIRE(pos == emitted.size());
+    out_of_order += pos != emitted.size() ? 1 : 0;
     emitted.push_back(i);
   };
   const selection_stats st =
       sel.select_from(ex, state, ws, counting_source{x.data(), reads.data()}, x.size(), k, {.step = step}, emit);
+  REQUIRE(out_of_order == 0);
   REQUIRE(st.count == emitted.size());
   REQUIRE(std::is_sorted(emitted.begin(), emitted.end()));
   REQUIRE(std::adjacent_find(emitted.begin(), emitted.end()) == emitted.end());
