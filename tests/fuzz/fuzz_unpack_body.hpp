@@ -5,7 +5,8 @@
 // Input: one options byte, then the message. The receiver registers a fixed set of tensors. A
 // message that parses is decoded into every output type, its invariants checked (count, strict
 // order, range), then packed again with the same encodings and compared after a second decode:
-// any difference, crash or sanitizer report is a bug. Options byte: bit 0 recomputes the
+// any difference, crash or sanitizer report is a bug. Control sections are carried over as
+// they are and must come back with the same bytes. Options byte: bit 0 recomputes the
 // checksum first (so that mutations reach the structural checks instead of stopping at the
 // CRC), bit 1 decodes on a two-thread pool.
 #pragma once
@@ -15,6 +16,7 @@
 #include <stellatrain/pack/packer.hpp>
 #include <stellatrain/pack/unpacker.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -70,9 +72,18 @@ int unpack_one(const std::uint8_t* data, std::size_t size, Executor& ex) {
   try {
     unpacker.parse(message, ex);
   } catch (const error&) {
-    require(unpacker.info().sections.empty(), "a failed parse left sections behind");
+    require(unpacker.info().sections.empty() && unpacker.info().controls.empty(),
+            "a failed parse left sections behind");
+    try {
+      sparse_buffer<float, std::uint64_t> none(0, 1);
+      unpacker.decode(0, none, ex);
+    } catch (const error&) {
+      return 0;
+    }
+    require(false, "decode after a failed parse did not throw");
     return 0;
   }
+  const auto controls = std::vector<control_info>(unpacker.info().controls.begin(), unpacker.info().controls.end());
   const auto sections = std::vector<section_info>(unpacker.info().sections.begin(), unpacker.info().sections.end());
   require(unpacker.info().bytes == message.size(), "message size");
 
@@ -108,11 +119,23 @@ int unpack_one(const std::uint8_t* data, std::size_t size, Executor& ex) {
                  {.indices = s.indices, .values = s.values});
     }
   }
+  for (const auto& c : controls) {
+    require(c.payload.data() >= message.data() && c.payload.data() + c.payload.size() <= message.data() + message.size(),
+            "control payload inside the message");
+    packer.add_control(c.type, c.payload);
+  }
   // Pack what was decoded with the same encodings, parse and decode again: the same pairs.
   std::vector<std::byte> again(packer.prepare(ex));
   packer.write(again, ex);
   const auto& info = unpacker.parse(again, ex);
   require(info.sections.size() == sections.size(), "repacked section count");
+  require(info.controls.size() == controls.size(), "repacked control count");
+  for (std::size_t i = 0; i < controls.size(); ++i) {
+    require(info.controls[i].type == controls[i].type, "repacked control type");
+    require(std::equal(info.controls[i].payload.begin(), info.controls[i].payload.end(), controls[i].payload.begin(),
+                       controls[i].payload.end()),
+            "repacked control payload");
+  }
   for (std::size_t i = 0; i < sections.size(); ++i) {
     require(info.sections[i].tensor == sections[i].tensor, "repacked tensor");
     require(info.sections[i].indices == sections[i].indices, "repacked index encoding");

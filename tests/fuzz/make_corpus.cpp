@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Writes the seed corpus of the unpack fuzzer: valid messages (each file is one options byte,
 // then the message) covering every index and value encoding, chunk directories, exceptions,
-// 64-bit indices, random_k, empty messages and sections. Deterministic: rerunning it rewrites the
-// same files.   make_corpus <output folder>
+// 64-bit indices, random_k, control sections, empty messages and sections. Deterministic:
+// rerunning it rewrites the same files.   make_corpus <output folder>
 #include "fuzz_unpack_body.hpp"
 
 #include <stellatrain/core/random_indices.hpp>
@@ -150,6 +150,22 @@ int main(int argc, char** argv) {
     const std::vector<float> one = {1.0f};
     q.add(0, sparse_view<const float, const std::uint64_t>(all, one, 1));
     w.save("full_single_element", q);
+  }
+  {  // Control sections: with tensors, alone, empty.
+    const auto idx = sorted_random(1000, 40, 6);
+    const auto val = some_values(idx.size(), 6);
+    std::vector<std::byte> reports(88);
+    for (std::size_t i = 0; i < reports.size(); ++i) reports[i] = static_cast<std::byte>(i * 13 + 1);
+    const std::vector<std::byte> app = {std::byte{0xca}, std::byte{0xfe}};
+    message_packer p;
+    p.clear(3);
+    p.add(7, sparse_view<const float, const std::uint64_t>(idx, val, 1000), {.values = value_encoding::bf16});
+    p.add_control(control_type::step_reports, reports);
+    p.add_control(control_type::first_application, app);
+    w.save("control_sections", p);
+    message_packer q;
+    q.add_control(control_type::first_application + 7, {});
+    w.save("control_only", q, 2);
   }
   std::printf("make_corpus: wrote %d files to %s\n", w.written, argv[1]);
   return 0;

@@ -268,6 +268,52 @@ TEST_CASE("round trip: many tensors in one message (bucket fusion)", "[pack][rou
   CHECK(u.find(1) == message_unpacker::npos);
 }
 
+TEST_CASE("round trip: control sections beside tensor sections, and alone", "[pack][roundtrip]") {
+  thread_pool pool(2);
+  const auto big = random_selection<std::uint32_t>(400000, 40000, 5);
+  const auto small = random_selection<std::uint32_t>(100, 7, 6);
+  std::vector<std::byte> reports(1000), app(3);
+  for (std::size_t i = 0; i < reports.size(); ++i) reports[i] = static_cast<std::byte>(i * 7);
+  app = {std::byte{1}, std::byte{2}, std::byte{3}};
+  const std::vector<tensor_info> shapes = {{3, big.n}, {4, small.n}};
+  for (bool with_tensors : {true, false}) {
+    message_packer packer;
+    packer.clear(9);
+    if (with_tensors) packer.add(3, big.view(), {.values = value_encoding::bf16});
+    packer.add_control(control_type::step_reports, reports);
+    packer.add_control(control_type::first_application + 1, app);
+    packer.add_control(control_type::first_application, {});  // an empty payload is one
+    if (with_tensors) packer.add(4, small.view());
+    CHECK(packer.control_count() == 3);
+    std::vector<std::byte> wire(packer.prepare(pool));
+    packer.write(wire, pool);
+
+    message_unpacker u(shapes);
+    const auto& info = u.parse(wire, pool);
+    CHECK(info.tag == 9);
+    REQUIRE(info.sections.size() == (with_tensors ? 2u : 0u));
+    REQUIRE(info.controls.size() == 3);
+    const auto bytes_of = [&](std::uint32_t type) {
+      const std::size_t c = u.find_control(type);
+      REQUIRE(c != message_unpacker::npos);
+      const auto payload = info.controls[c].payload;
+      return std::vector<std::byte>(payload.begin(), payload.end());
+    };
+    CHECK(bytes_of(control_type::step_reports) == reports);
+    CHECK(bytes_of(control_type::first_application + 1) == app);
+    CHECK(bytes_of(control_type::first_application).empty());
+    // The controls follow the tensor sections, in the order added.
+    CHECK(info.controls[0].type == control_type::step_reports);
+    CHECK(info.controls[0].offset > (with_tensors ? info.sections[1].offset : 0));
+    if (!with_tensors) continue;
+    sparse_buffer<float, std::uint32_t> out(0, big.indices.size());
+    u.decode(u.find(3), out, pool);
+    CHECK(std::vector<std::uint32_t>(out.indices().begin(), out.indices().end()) == big.indices);
+    u.decode(u.find(4), out, pool);
+    CHECK(std::vector<std::uint32_t>(out.indices().begin(), out.indices().end()) == small.indices);
+  }
+}
+
 TEST_CASE("packing is deterministic and independent of the thread count", "[pack][roundtrip]") {
   const auto s = random_selection<std::uint32_t>(3000000, 60000, 3);
   inline_executor one;

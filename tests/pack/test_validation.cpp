@@ -27,7 +27,7 @@ constexpr std::size_t sec = wire::section_header_bytes;
 constexpr std::size_t payload0 = hdr + sec;                // first section's index payload
 
 // Parses `m` and requires a stellatrain::error with `code` whose message contains `part`;
-// afterwards the unpacker holds no sections.
+// afterwards the unpacker holds no message: no sections, and `decode` throws.
 void expect_error(message_unpacker& u, const std::vector<std::byte>& m, errc code, const std::string& part) {
   inline_executor ex;
   try {
@@ -37,6 +37,14 @@ void expect_error(message_unpacker& u, const std::vector<std::byte>& m, errc cod
     CHECK(e.code() == code);
     CHECK(std::string(e.what()).find(part) != std::string::npos);
     CHECK(u.info().sections.empty());
+    CHECK(u.info().controls.empty());
+    sparse_buffer<float, std::uint64_t> out(0, 16);
+    try {
+      u.decode(0, out, ex);
+      FAIL("decode after a failed parse did not throw");
+    } catch (const error& d) {
+      CHECK(d.code() == errc::invalid_argument);
+    }
     return;
   }
   FAIL("parse accepted a bad message (expected: " << part << ")");
@@ -134,9 +142,15 @@ TEST_CASE("unpack: header fields are checked", "[pack][validation]") {
   }
   {
     auto m = good;
-    put<std::uint16_t>(m, 4, 2);
+    put<std::uint16_t>(m, 4, 3);
     reseal(m);
-    expect_error(4, 1000, m, errc::version_mismatch, "format version 2, this build reads version 1");
+    expect_error(4, 1000, m, errc::version_mismatch, "format version 3, this build reads version 2");
+  }
+  {  // Version 1 had no section kinds: refused, never misread.
+    auto m = good;
+    put<std::uint16_t>(m, 4, 1);
+    reseal(m);
+    expect_error(4, 1000, m, errc::version_mismatch, "format version 1, this build reads version 2");
   }
   {
     auto m = good;
@@ -178,9 +192,15 @@ TEST_CASE("unpack: header fields are checked", "[pack][validation]") {
     message_unpacker u(std::vector<tensor_info>{{4, 1000}}, {.max_message_bytes = 100});
     expect_error(u, good, errc::resource_exhausted, "exceeds the limit of 100");
   }
-  {  // More sections than registered tensors.
+  {  // More sections than registered tensors and control sections together.
+    const auto big = random_selection<std::uint32_t>(4000, 1000, 2);
+    auto m = test::pack_one(4, big.view(), {.indices = index_encoding::raw_u32});
+    put<std::uint32_t>(m, 8, 1 + wire::max_control_sections);
+    reseal(m);
     message_unpacker u;
-    expect_error(u, good, errc::invalid_argument, "only 0 tensors are registered");
+    expect_error(u, m, errc::invalid_argument, "only 0 tensors are registered (and 16 control sections allowed)");
+    message_unpacker one(std::vector<tensor_info>{{4, 4000}});
+    expect_error(one, m, errc::malformed_message, "section 1 at byte");
   }
   message_unpacker u(std::vector<tensor_info>{{4, 1000}});
   const auto& info = u.parse(good, ex);
@@ -204,8 +224,11 @@ TEST_CASE("unpack: section headers are checked against the registered tensors", 
                "unknown index encoding 8");
   expect_error(4, 1000, edited(hdr + wire::offset_value_encoding, std::uint8_t{4}), errc::malformed_message,
                "unknown value encoding 4");
-  expect_error(4, 1000, edited(hdr + wire::offset_section_flags, std::uint16_t{1}), errc::unsupported,
-               "unknown section flags");
+  expect_error(4, 1000, edited(hdr + wire::offset_section_kind, std::uint16_t{2}), errc::unsupported,
+               "unknown section kind 2");
+  // A tensor section marked as a control section has fields a control section must not have.
+  expect_error(4, 1000, edited(hdr + wire::offset_section_kind, std::uint16_t{1}), errc::malformed_message,
+               "(control type 4): a control section has no encodings, size, count or values");
   expect_error(4, 1000, edited(hdr + wire::offset_count, std::uint64_t{1001}), errc::malformed_message,
                "1001 pairs in a tensor of 1000");
   expect_error(4, 1000, edited(hdr + wire::offset_count, std::uint64_t{51}), errc::malformed_message,
@@ -532,5 +555,64 @@ TEST_CASE("pack: the sender refuses bad selections before writing", "[pack][vali
       p.add(1, w.view(), {.indices = ie});
       CHECK_THROWS_AS(p.prepare(ex), error);
     }
+  }
+}
+
+TEST_CASE("control sections: the sender and the reader check their bounds", "[pack][validation]") {
+  inline_executor ex;
+  const auto s = random_selection<std::uint32_t>(1000, 50, 1);
+  const std::vector<std::byte> payload(24, std::byte{0x5a});
+  {
+    message_packer p;
+    p.add_control(control_type::first_application, payload);
+    CHECK_THROWS_WITH(p.add_control(control_type::first_application, payload),
+                      Catch::Matchers::Contains("control type 65536 appears twice"));
+    for (std::uint32_t t = 1; p.control_count() < wire::max_control_sections; ++t) p.add_control(t, {});
+    CHECK_THROWS_WITH(p.add_control(99, payload), Catch::Matchers::Contains("more than 16 control sections"));
+  }
+  // One tensor section, then one control section of 24 bytes.
+  message_packer p;
+  p.clear(7);
+  p.add(4, s.view(), {.indices = index_encoding::raw_u32});
+  p.add_control(control_type::first_application, payload);
+  std::vector<std::byte> good(p.prepare(ex));
+  p.write(good, ex);
+  const std::size_t control = good.size() - wire::message_trailer_bytes - payload.size() - sec;
+  auto edited = [&](std::size_t offset, auto value) {
+    auto m = good;
+    put(m, offset, value);
+    reseal(m);
+    return m;
+  };
+  {
+    message_unpacker u(std::vector<tensor_info>{{4, 1000}});
+    const auto& info = u.parse(good, ex);
+    REQUIRE(info.sections.size() == 1);
+    REQUIRE(info.controls.size() == 1);
+    CHECK(info.controls[0].offset == control);
+    CHECK(u.find_control(control_type::first_application) == 0);
+    CHECK(u.find_control(control_type::step_reports) == message_unpacker::npos);
+  }
+  for (std::size_t field : {wire::offset_index_encoding, wire::offset_value_encoding}) {
+    expect_error(4, 1000, edited(control + field, std::uint8_t{1}), errc::malformed_message,
+                 "(control type 65536): a control section has no encodings");
+  }
+  for (std::size_t field : {wire::offset_dense_size, wire::offset_count, wire::offset_value_bytes}) {
+    expect_error(4, 1000, edited(control + field, std::uint64_t{1}), errc::malformed_message,
+                 "a control section has no encodings, size, count or values");
+  }
+  expect_error(4, 1000, edited(control + wire::offset_index_bytes, std::uint64_t{25}), errc::malformed_message,
+               "payload of 25 bytes runs past the end of the message (24 bytes left)");
+  expect_error(4, 1000, edited(control + wire::offset_index_bytes, std::uint64_t{23}), errc::malformed_message,
+               "1 unused bytes after the last section");
+  {  // The same type twice.
+    message_packer q;
+    q.add_control(5, {});
+    q.add_control(6, {});
+    std::vector<std::byte> m(q.prepare(ex));
+    q.write(m, ex);
+    put<std::uint32_t>(m, hdr + sec, 5);
+    reseal(m);
+    expect_error(4, 1000, m, errc::malformed_message, "section 1 at byte 72 (control type 5): the control type appears twice");
   }
 }

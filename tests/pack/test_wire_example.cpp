@@ -50,7 +50,7 @@ std::vector<std::byte> example_bytes() {
 
 TEST_CASE("wire format: the worked example of docs/wire-format.md decodes as documented", "[pack][wire]") {
   const auto bytes = example_bytes();
-  REQUIRE(bytes.size() == 209);
+  REQUIRE(bytes.size() == 253);
   inline_executor ex;
   const std::vector<tensor_info> tensors = {{7, 1000}, {9, 16}, {11, 50}};
   message_unpacker u(tensors);
@@ -63,6 +63,11 @@ TEST_CASE("wire format: the worked example of docs/wire-format.md decodes as doc
   CHECK(info.sections[2].random.seed == 5);
   CHECK(info.sections[2].random.step == 2);
   CHECK(info.sections[2].random.tensor == 11);
+  REQUIRE(info.controls.size() == 1);
+  CHECK(info.controls[0].type == 65536);
+  CHECK(info.controls[0].offset == 205);
+  CHECK(std::vector<std::byte>(info.controls[0].payload.begin(), info.controls[0].payload.end()) ==
+        std::vector<std::byte>{std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}});
 
   sparse_buffer<float> out(0, 4);
   u.decode(0, out, ex);
@@ -90,6 +95,8 @@ TEST_CASE("wire format: the packer writes the documented example byte for byte",
         {.indices = index_encoding::delta_bitpacked, .values = value_encoding::bf16});
   p.add(9, sparse_view<const float, const std::uint32_t>(i1, v1, 16));
   p.add_random_k<fp16>(11, {.seed = 5, .step = 2, .tensor = 11}, 50, v2, value_encoding::fp16);
+  const std::vector<std::byte> control = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+  p.add_control(control_type::first_application, control);
   std::vector<std::byte> m(p.prepare(ex));
   p.write(m, ex);
   CHECK(p.chosen_encoding(1) == index_encoding::bitmap);

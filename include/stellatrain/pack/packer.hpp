@@ -59,6 +59,12 @@ struct packer_chunk {
   std::uint64_t data_offset = 0;    // of its bytes after the section's chunk directory
 };
 
+struct packer_control {
+  std::uint32_t type = 0;
+  std::span<const std::byte> payload;
+  std::uint64_t offset = 0;  // of the section header in the message
+};
+
 // Bitmap pieces: bytes of the bitmap written by one task.
 inline constexpr std::uint64_t bitmap_piece_bytes = std::uint64_t{1} << 16;
 
@@ -89,11 +95,13 @@ struct section_options {
 };
 
 /// Builds wire messages: one section per tensor, each with its own index and value encoding,
-/// then a CRC-32C over the whole message. docs/wire-format.md describes the bytes.
+/// optionally control sections (typed payloads that are not tensors, `add_control`), then a
+/// CRC-32C over the whole message. docs/wire-format.md describes the bytes.
 ///
 /// Use: `clear(tag)`, `add(...)` once per tensor, then `prepare(ex)` (encodes the indices,
 /// checks the input, returns the exact message size) and `write(out, ex)`; or `pack(out, ex)`
-/// for both. The added views must stay valid and unchanged until `write` returns.
+/// for both. The added views and control payloads must stay valid and unchanged until `write`
+/// returns.
 ///
 /// Checks (throwing `stellatrain::error` before anything is written to `out`): indices ascend
 /// strictly and lie below the tensor size (`invalid_argument` / `out_of_range`, naming the
@@ -124,6 +132,7 @@ class message_packer {
   void clear(std::uint64_t tag = 0) noexcept {
     tag_ = tag;
     sections_.clear();
+    controls_.clear();
     chunks_.clear();
     prepared_ = false;
     message_bytes_ = 0;
@@ -183,8 +192,31 @@ class message_packer {
     push(s);
   }
 
-  /// Sections added since `clear`.
+  /// Adds a control section of type `type` carrying `payload` (copied into the message as it
+  /// is; its layout is the type's). The library's types are `control_type::*`; an application
+  /// uses ids at or above `control_type::first_application`. A message holds at most
+  /// `wire::max_control_sections`, each of another type; they follow the tensor sections.
+  /// Throws `errc::invalid_argument` for a repeated type or one too many.
+  void add_control(std::uint32_t type, std::span<const std::byte> payload) {
+    for (const auto& c : controls_) {
+      if (c.type == type) {
+        throw_error(errc::invalid_argument,
+                    "pack: control type " + std::to_string(type) + " appears twice in one message");
+      }
+    }
+    if (controls_.size() == wire::max_control_sections) {
+      throw_error(errc::invalid_argument, "pack: more than " + std::to_string(wire::max_control_sections) +
+                                              " control sections in one message");
+    }
+    prepared_ = false;
+    controls_.push_back({type, payload, 0});
+  }
+
+  /// Tensor sections added since `clear`.
   [[nodiscard]] std::size_t section_count() const noexcept { return sections_.size(); }
+
+  /// Control sections added since `clear`.
+  [[nodiscard]] std::size_t control_count() const noexcept { return controls_.size(); }
 
   /// The index encoding of section `i` (in the order added), valid after `prepare`.
   [[nodiscard]] index_encoding chosen_encoding(std::size_t i) const noexcept {
@@ -249,7 +281,7 @@ class message_packer {
   }
 
   void check_sections() {
-    if (sections_.size() > std::numeric_limits<std::uint32_t>::max()) {
+    if (sections_.size() + controls_.size() > std::numeric_limits<std::uint32_t>::max()) {
       throw_error(errc::invalid_argument, "pack: more than 2^32 - 1 sections in one message");
     }
     ids_.clear();
@@ -405,6 +437,10 @@ class message_packer {
       s.offset = offset;
       offset += wire::section_header_bytes + s.index_bytes + k * value_bytes(s.wire_values);
     }
+    for (auto& c : controls_) {
+      c.offset = offset;
+      offset += wire::section_header_bytes + c.payload.size();
+    }
     message_bytes_ = offset + wire::message_trailer_bytes;
   }
 
@@ -434,7 +470,8 @@ class message_packer {
     std::memcpy(m, wire::magic.data(), 4);
     store_le<std::uint16_t>(m + wire::offset_version, wire::version);
     store_le<std::uint16_t>(m + wire::offset_flags, 0);
-    store_le<std::uint32_t>(m + wire::offset_section_count, static_cast<std::uint32_t>(sections_.size()));
+    store_le<std::uint32_t>(m + wire::offset_section_count,
+                            static_cast<std::uint32_t>(sections_.size() + controls_.size()));
     store_le<std::uint32_t>(m + wire::offset_header_bytes, static_cast<std::uint32_t>(wire::message_header_bytes));
     store_le<std::uint64_t>(m + wire::offset_message_bytes, message_bytes_);
     store_le<std::uint64_t>(m + wire::offset_tag, tag_);
@@ -443,7 +480,7 @@ class message_packer {
       store_le<std::uint32_t>(h + wire::offset_tensor, s.tensor);
       h[wire::offset_index_encoding] = static_cast<std::byte>(s.chosen);
       h[wire::offset_value_encoding] = static_cast<std::byte>(s.wire_values);
-      store_le<std::uint16_t>(h + wire::offset_section_flags, 0);
+      store_le<std::uint16_t>(h + wire::offset_section_kind, static_cast<std::uint16_t>(section_kind::tensor));
       store_le<std::uint64_t>(h + wire::offset_dense_size, s.dense_size);
       store_le<std::uint64_t>(h + wire::offset_count, s.count);
       store_le<std::uint64_t>(h + wire::offset_index_bytes, s.index_bytes);
@@ -463,6 +500,15 @@ class message_packer {
           }
         });
       }
+    }
+    for (const auto& c : controls_) {
+      // Type, kind and the payload's size; the tensor fields are zero.
+      std::byte* h = m + c.offset;
+      std::memset(h, 0, wire::section_header_bytes);
+      store_le<std::uint32_t>(h + wire::offset_tensor, c.type);
+      store_le<std::uint16_t>(h + wire::offset_section_kind, static_cast<std::uint16_t>(section_kind::control));
+      store_le<std::uint64_t>(h + wire::offset_index_bytes, c.payload.size());
+      if (!c.payload.empty()) std::memcpy(h + wire::section_header_bytes, c.payload.data(), c.payload.size());
     }
   }
 
@@ -524,6 +570,9 @@ class message_packer {
       for (std::size_t j = t; j < end; ++j) crc = task_crcs_[j].first.after(crc);
       for (std::size_t j = t; j < t + chunk_tasks; ++j) crc = task_crcs_[j].second.after(crc);
       t = end;
+    }
+    for (const auto& c : controls_) {
+      crc = crc32c({m + c.offset, wire::section_header_bytes + c.payload.size()}, crc);
     }
     return crc;
   }
@@ -595,6 +644,7 @@ class message_packer {
   bool prepared_ = false;
   std::uint64_t message_bytes_ = 0;
   std::vector<detail::packer_section> sections_;
+  std::vector<detail::packer_control> controls_;
   std::vector<detail::packer_chunk> chunks_;
   std::vector<std::uint32_t> ids_;
   std::vector<task> tasks_;

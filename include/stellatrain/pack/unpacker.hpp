@@ -47,11 +47,22 @@ struct section_info {
   std::uint64_t value_bytes = 0;   ///< bytes of the value payload
 };
 
-/// What `parse` found: the sender's tag and the sections, in message order.
+/// One control section of a parsed message: a typed payload that is not a tensor
+/// (`message_packer::add_control`). The format checks only its bounds; its type's reader
+/// checks the payload.
+struct control_info {
+  std::uint32_t type = 0;              ///< control type id (`control_type::*` or the application's)
+  std::span<const std::byte> payload;  ///< its bytes, inside the parsed message
+  std::uint64_t offset = 0;            ///< byte offset of the section header in the message
+};
+
+/// What `parse` found: the sender's tag, the tensor sections and the control sections, each
+/// in message order.
 struct message_info {
   std::uint64_t tag = 0;
   std::uint64_t bytes = 0;
   std::span<const section_info> sections;
+  std::span<const control_info> controls;
 
   /// Pairs over all sections.
   [[nodiscard]] std::uint64_t total_count() const noexcept {
@@ -97,7 +108,9 @@ struct unpack_result {
 /// oversized, wrong-version, wrong-tensor or out-of-range message throws `stellatrain::error`
 /// saying what and where (section, tensor, block or position), and nothing outside the
 /// unpacker has been written. After a successful `parse`, `decode` cannot fail on the
-/// message's content; it checks only the caller's buffers (before writing anything).
+/// message's content; it checks only the caller's buffers (before writing anything). After a
+/// failed `parse` the unpacker holds no message: `decode` throws `errc::invalid_argument`.
+/// Control sections come back as `message_info::controls` (bounds checked, payload untouched).
 ///
 /// `parse` and each `decode` are separate parallel calls on `ex`. With a `thread_pool`, hold
 /// `stellatrain::stay_awake(pool)` from `parse` to the last `decode` (as in the example): the
@@ -158,17 +171,23 @@ class message_unpacker {
   template <executor Executor>
   const message_info& parse(std::span<const std::byte> message, Executor& ex) {
     reset();
-    parse_header(message);
     try {
-      parse_sections(message);
-      plan_payload_checks(message);
-    } catch (const error&) {
-      check_checksum(detail::crc32c_parallel(body_of(message), ex), message);  // corruption first
+      parse_header(message);
+      try {
+        parse_sections(message);
+        plan_payload_checks(message);
+      } catch (const error&) {
+        check_checksum(detail::crc32c_parallel(body_of(message), ex), message);  // corruption first
+        throw;
+      }
+      validate_payloads(message, ex);
+    } catch (...) {
+      reset();
       throw;
     }
-    validate_payloads(message, ex);
     message_ = message;
     info_.sections = sections_;
+    info_.controls = controls_;
     return info_;
   }
 
@@ -179,6 +198,15 @@ class message_unpacker {
   [[nodiscard]] std::size_t find(std::uint32_t tensor) const noexcept {
     for (std::size_t i = 0; i < sections_.size(); ++i) {
       if (sections_[i].tensor == tensor) return i;
+    }
+    return npos;
+  }
+
+  /// The control section of the last message of type `type` (an index into
+  /// `info().controls`), or `npos`.
+  [[nodiscard]] std::size_t find_control(std::uint32_t type) const noexcept {
+    for (std::size_t i = 0; i < controls_.size(); ++i) {
+      if (controls_[i].type == type) return i;
     }
     return npos;
   }
@@ -215,6 +243,7 @@ class message_unpacker {
   void reset() noexcept {
     info_ = {};
     sections_.clear();
+    controls_.clear();
     message_ = {};
   }
 
@@ -257,7 +286,7 @@ class message_unpacker {
     if (flags != 0) fail_message(errc::unsupported, "unknown message flags " + hex(flags));
     const auto header_bytes = detail::load_le<std::uint32_t>(m + wire::offset_header_bytes);
     if (header_bytes != wire::message_header_bytes) {
-      fail_message(errc::malformed_message, "header size " + std::to_string(header_bytes) + ", version 1 has " +
+      fail_message(errc::malformed_message, "header size " + std::to_string(header_bytes) + ", version " + std::to_string(wire::version) + " has " +
                                                 std::to_string(wire::message_header_bytes));
     }
     const auto stated = detail::load_le<std::uint64_t>(m + wire::offset_message_bytes);
@@ -293,9 +322,11 @@ class message_unpacker {
       fail_message(errc::malformed_message, std::to_string(count) + " sections cannot fit in " +
                                                 std::to_string(message.size()) + " bytes");
     }
-    if (count > registry_.size()) {
+    if (count > registry_.size() + wire::max_control_sections) {
       fail_message(errc::invalid_argument, std::to_string(count) + " sections, but only " +
-                                               std::to_string(registry_.size()) + " tensors are registered");
+                                               std::to_string(registry_.size()) + " tensors are registered (and " +
+                                               std::to_string(wire::max_control_sections) +
+                                               " control sections allowed)");
     }
     ++generation_;
     std::uint64_t offset = wire::message_header_bytes;
@@ -311,11 +342,18 @@ class message_unpacker {
       s.tensor = detail::load_le<std::uint32_t>(h + wire::offset_tensor);
       const auto ie = std::to_integer<std::uint8_t>(h[wire::offset_index_encoding]);
       const auto ve = std::to_integer<std::uint8_t>(h[wire::offset_value_encoding]);
-      const auto flags = detail::load_le<std::uint16_t>(h + wire::offset_section_flags);
+      const auto kind = detail::load_le<std::uint16_t>(h + wire::offset_section_kind);
       s.dense_size = detail::load_le<std::uint64_t>(h + wire::offset_dense_size);
       s.count = detail::load_le<std::uint64_t>(h + wire::offset_count);
       s.index_bytes = detail::load_le<std::uint64_t>(h + wire::offset_index_bytes);
       s.value_bytes = detail::load_le<std::uint64_t>(h + wire::offset_value_bytes);
+      if (kind == static_cast<std::uint16_t>(section_kind::control)) {
+        offset += parse_control(s, ie, ve, h, end - offset, at);
+        continue;
+      }
+      if (kind != static_cast<std::uint16_t>(section_kind::tensor)) {
+        fail_message(errc::unsupported, at() + ": unknown section kind " + std::to_string(kind));
+      }
       auto what = [&] { return at() + " (tensor " + std::to_string(s.tensor) + ")"; };
 
       const auto it = std::lower_bound(registry_.begin(), registry_.end(), s.tensor,
@@ -335,7 +373,6 @@ class message_unpacker {
       if (ve < 1 || ve > static_cast<std::uint8_t>(value_encoding::bf16)) {
         fail_message(errc::malformed_message, what() + ": unknown value encoding " + std::to_string(ve));
       }
-      if (flags != 0) fail_message(errc::unsupported, what() + ": unknown section flags " + hex(flags));
       s.indices = static_cast<index_encoding>(ie);
       s.values = static_cast<value_encoding>(ve);
       if (s.count > s.dense_size) {
@@ -367,6 +404,32 @@ class message_unpacker {
     if (offset != end) {
       fail_message(errc::malformed_message, std::to_string(end - offset) + " unused bytes after the last section");
     }
+  }
+
+  // A control section whose header fields were read into `s` (its type in `s.tensor`, its
+  // payload size in `s.index_bytes`); returns its size.
+  template <class At>
+  std::uint64_t parse_control(const section_info& s, std::uint8_t ie, std::uint8_t ve, const std::byte* h,
+                              std::uint64_t left, const At& at) {
+    auto what = [&] { return at() + " (control type " + std::to_string(s.tensor) + ")"; };
+    if (ie != 0 || ve != 0 || s.dense_size != 0 || s.count != 0 || s.value_bytes != 0) {
+      fail_message(errc::malformed_message, what() + ": a control section has no encodings, size, count or values");
+    }
+    if (s.index_bytes > left - wire::section_header_bytes) {
+      fail_message(errc::malformed_message, what() + ": payload of " + std::to_string(s.index_bytes) +
+                                                " bytes runs past the end of the message (" +
+                                                std::to_string(left - wire::section_header_bytes) + " bytes left)");
+    }
+    for (const auto& c : controls_) {
+      if (c.type == s.tensor) fail_message(errc::malformed_message, what() + ": the control type appears twice");
+    }
+    if (controls_.size() == wire::max_control_sections) {
+      fail_message(errc::malformed_message, what() + ": more than " + std::to_string(wire::max_control_sections) +
+                                                " control sections");
+    }
+    const auto bytes = static_cast<std::size_t>(s.index_bytes);
+    controls_.push_back({s.tensor, {h + wire::section_header_bytes, bytes}, s.offset});
+    return wire::section_header_bytes + s.index_bytes;
   }
 
   template <class What>
@@ -703,6 +766,7 @@ class message_unpacker {
   std::vector<entry> registry_;
   std::uint64_t generation_ = 0;
   std::vector<section_info> sections_;
+  std::vector<control_info> controls_;
   message_info info_{};
   std::span<const std::byte> message_{};
   std::vector<detail::unpack_task> tasks_;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The vocabulary of the gradient wire format: index and value encodings, the fixed layout
-// constants of version 1, and the little-endian field access every reader and writer uses.
+// The vocabulary of the gradient wire format: index and value encodings, section kinds, the
+// fixed layout constants of version 2, and the little-endian field access every reader and
+// writer uses.
 // docs/wire-format.md describes the format byte by byte.
 #pragma once
 
@@ -108,20 +109,37 @@ inline constexpr value_encoding value_encoding_of = static_cast<value_encoding>(
   return "unknown";
 }
 
-/// Constants of wire format version 1 (docs/wire-format.md).
+/// What a section carries (the 16-bit wire value at byte 6 of its header).
+enum class section_kind : std::uint16_t {
+  tensor = 0,   ///< the sparse selection of one tensor: indices and values
+  control = 1,  ///< a typed payload for the receiving library or application, no tensor
+};
+
+/// Type ids of control sections (`message_packer::add_control`). The library uses the ids
+/// below `first_application`; applications choose their own at or above it.
+namespace control_type {
+/// The pipeline's per-step measurement reports (docs/wire-format.md, "Step reports").
+inline constexpr std::uint32_t step_reports = 1;
+/// The first id free for applications.
+inline constexpr std::uint32_t first_application = 0x10000;
+}  // namespace control_type
+
+/// Constants of wire format version 2 (docs/wire-format.md).
 namespace wire {
 
 /// The first four bytes of every message: "STPK".
 inline constexpr std::array<std::byte, 4> magic = {std::byte{'S'}, std::byte{'T'}, std::byte{'P'},
                                                    std::byte{'K'}};
 /// The format version this build writes and reads.
-inline constexpr std::uint16_t version = 1;
+inline constexpr std::uint16_t version = 2;
 /// Bytes of the message header (magic .. tag).
 inline constexpr std::size_t message_header_bytes = 32;
 /// Bytes of the trailer (the CRC-32C of everything before it).
 inline constexpr std::size_t message_trailer_bytes = 4;
 /// Bytes of a section header (tensor id .. value payload bytes).
 inline constexpr std::size_t section_header_bytes = 40;
+/// Control sections one message may carry (each of another type).
+inline constexpr std::size_t max_control_sections = 16;
 /// Bytes of the index payload of a `random_k` section (seed, step, tensor key).
 inline constexpr std::size_t random_k_payload_bytes = 16;
 /// Indices per chunk of the delta encodings; chunks after the first are listed in a directory
@@ -149,7 +167,7 @@ inline constexpr std::size_t offset_tag = 24;
 inline constexpr std::size_t offset_tensor = 0;
 inline constexpr std::size_t offset_index_encoding = 4;
 inline constexpr std::size_t offset_value_encoding = 5;
-inline constexpr std::size_t offset_section_flags = 6;
+inline constexpr std::size_t offset_section_kind = 6;
 inline constexpr std::size_t offset_dense_size = 8;
 inline constexpr std::size_t offset_count = 16;
 inline constexpr std::size_t offset_index_bytes = 24;
