@@ -59,6 +59,9 @@
 #include <stellatrain/transport/shaping.hpp>
 
 #include <stellatrain/pipeline/bucket_plan.hpp>
+#include <stellatrain/pipeline/checkpoint.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
 #include <stellatrain/pipeline/param_changes.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
+#include <stellatrain/pipeline/step_reports.hpp>
+#include <stellatrain/pipeline/update_log.hpp>

@@ -44,6 +44,14 @@ void gradient(std::span<const float> params, int rank, std::int64_t step, std::s
   for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.5f * params[i] + d(rng) + 0.01f * static_cast<float>(rank);
 }
 
+// A fixed density that keeps what the pipeline observed.
+struct observing_density {
+  double d = 0.05;
+  std::vector<step_measurement>* seen = nullptr;
+  [[nodiscard]] double density() const noexcept { return d; }
+  void observe(const step_measurement& m) { seen->push_back(m); }
+};
+
 // How the gradients are handed over: copied from the application's buffer, or written into
 // the pipeline's own (zero-copy).
 enum class handover { copy, zero_copy };
@@ -87,6 +95,7 @@ std::vector<std::vector<float>> shaped_like_sizes() {
 TEST_CASE("4 ranks hold bit-identical parameters after 50 steps with shuffled delivery", "[pipeline]") {
   const int ranks = 4;
   std::vector<std::vector<std::vector<float>>> result(ranks);
+  std::vector<std::vector<step_measurement>> observed(ranks);
   const int staleness = GENERATE(0, 1);
   run_in_process(ranks, [&](in_process_transport& raw) {
     const int r = raw.rank();
@@ -95,8 +104,12 @@ TEST_CASE("4 ranks hold bit-identical parameters after 50 steps with shuffled de
     thread_pool pool{2};
     pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, bf16>(),
                adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 20000, .staleness = staleness, .exchange_threads = 2},
-               fixed_density{0.05});
-    for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(10 + i), initial_values(sizes[i], r, i));
+               observing_density{0.05, &observed[static_cast<std::size_t>(r)]});
+    // Every tensor id is the application's (the step reports travel in a control section).
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const auto id = i + 1 == sizes.size() ? 0xFFFFFFFFu : static_cast<std::uint32_t>(10 + i);
+      p.add_tensor(id, initial_values(sizes[i], r, i));
+    }
     p.start();
     CHECK(p.bucket_count() > 1);
     auto params = shaped_like_sizes();
@@ -111,6 +124,18 @@ TEST_CASE("4 ranks hold bit-identical parameters after 50 steps with shuffled de
   }
   // Training moved the parameters away from rank 0's initial values.
   CHECK(result[0][0] != initial_values(sizes[0], 0, 0));
+  // Every rank's policy observed the same measurements, nearly every step (the reports of the
+  // last steps would travel in messages of steps that never come).
+  CHECK(observed[0].size() >= 45);
+  for (int r = 1; r < ranks; ++r) {
+    const auto& o = observed[static_cast<std::size_t>(r)];
+    REQUIRE(o.size() == observed[0].size());
+    for (std::size_t i = 0; i < o.size(); ++i) {
+      CHECK(o[i].comm_seconds == observed[0][i].comm_seconds);
+      CHECK(o[i].compute_seconds == observed[0][i].compute_seconds);
+      CHECK(o[i].link_bytes == observed[0][i].link_bytes);
+    }
+  }
 }
 
 // Staleness 0: each forward reads exactly the updates through the step before, so two runs

@@ -9,7 +9,6 @@
 #include <stellatrain/core/aligned_buffer.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
-#include <stellatrain/core/saved_state.hpp>
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/optim/optimizer_concepts.hpp>
 #include <stellatrain/pack/aggregate.hpp>
@@ -18,8 +17,11 @@
 #include <stellatrain/pack/unpacker.hpp>
 #include <stellatrain/pack/wire_format.hpp>
 #include <stellatrain/pipeline/bucket_plan.hpp>
+#include <stellatrain/pipeline/checkpoint.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
 #include <stellatrain/pipeline/param_changes.hpp>
+#include <stellatrain/pipeline/step_reports.hpp>
+#include <stellatrain/pipeline/update_log.hpp>
 #include <stellatrain/transport/allgather.hpp>
 #include <stellatrain/transport/broadcast.hpp>
 #include <stellatrain/transport/concept.hpp>
@@ -100,8 +102,6 @@ inline double thread_cpu_seconds() noexcept {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-inline constexpr state_kind pipeline_checkpoint_kind = state_kind::of("STELLPIP", 2);
-
 }  // namespace detail
 
 /// The data path of the data-parallel training step, per gradient bucket:
@@ -144,7 +144,9 @@ inline constexpr state_kind pipeline_checkpoint_kind = state_kind::of("STELLPIP"
 /// each on its own tags, so ranks never wait on each other's different buckets.
 ///
 /// Determinism: aggregation reads the ranks' messages by rank, never by arrival, so the order
-/// in which messages arrive changes nothing.
+/// in which messages arrive changes nothing. Each message also carries its sender's step
+/// reports (a control section, pipeline/step_reports.hpp), so that every rank's policy
+/// observes the same measurements and chooses the same density.
 ///
 /// Errors: a failure in any stage on any rank (bad message, peer failure, timeout, an
 /// exception from a stage) aborts the transport, so every rank's pipeline fails; the next call
@@ -218,9 +220,6 @@ class pipeline {
   /// its name on the wire (unique). Tensors are registered in forward order, before `start`.
   std::size_t add_tensor(std::uint32_t id, std::span<const float> initial) {
     if (started_) throw_error(errc::invalid_argument, "pipeline::add_tensor: the pipeline has started");
-    if (id == control_tensor) {
-      throw_error(errc::invalid_argument, "pipeline::add_tensor: tensor id 0xFFFFFFFF is reserved for the pipeline's reports");
-    }
     for (const auto& t : tensors_) {
       if (t.id == id) throw_error(errc::invalid_argument, "pipeline::add_tensor: tensor id " + std::to_string(id) + " is already registered");
     }
@@ -268,9 +267,7 @@ class pipeline {
         slot.preselected.assign(plan[b].tensor_count, 0);
         slot.preselected_pairs.resize(plan[b].tensor_count);
       }
-      bucket->unpacker.register_tensor(control_tensor, control_values);
-      bucket->control_out = sparse_buffer<float, index_t>(control_values, control_values);
-      bucket->control_in = sparse_buffer<float, index_t>(control_values, control_values);
+      bucket->report_payload.reserve(step_reports_bytes(detail::step_report_book::sent));
       bucket->selections.resize(plan[b].tensor_count);
       bucket->decoded.resize(static_cast<std::size_t>(ranks_));
       for (auto& per_rank : bucket->decoded) per_rank.resize(plan[b].tensor_count);
@@ -278,7 +275,7 @@ class pipeline {
       buckets_.push_back(std::move(bucket));
     }
     input_views_.resize(buckets_.size());
-    peer_reports_.assign(static_cast<std::size_t>(ranks_), {});
+    reports_.start(ranks_, 0);
     initial_.clear();
     initial_.shrink_to_fit();
     for (auto& t : tensors_) total_elements_ += t.size;
@@ -434,53 +431,12 @@ class pipeline {
                              std::span<log_value_t> values)
     requires records_updates
   {
-    using T = Record;
     require_started("copy_changes");
-    tensor_state& ts = tensor_at(t);
+    const tensor_state& ts = tensor_at(t);
     bucket_state& b = *buckets_[ts.bucket];
     std::lock_guard lock(b.params_mutex);
     const param_version now{.step = ts.applied, .generation = generation_.load(std::memory_order_relaxed)};
-    if (held == now) return {.kind = param_changes_kind::none, .count = 0, .version = now};
-    param_changes whole{.kind = param_changes_kind::whole, .count = 0, .version = now};
-    if (held.generation != now.generation || held.step < -1 || held.step >= now.step || now.step - held.step > 2) {
-      return whole;
-    }
-    const update_log& last = ts.log[static_cast<std::size_t>(now.step % 2)];
-    if (last.step != now.step || last.whole) return whole;
-    const std::span<const T> last_values = last.values;
-    if (now.step - held.step == 1) {
-      whole.count = last.indices.size();
-      if (last.indices.size() > indices.size() || last.indices.size() > values.size()) return whole;
-      std::ranges::copy(last.indices, indices.begin());
-      std::ranges::copy(last_values, values.begin());
-      return {.kind = param_changes_kind::sparse, .count = last.indices.size(), .version = now};
-    }
-    const update_log& before = ts.log[static_cast<std::size_t>((now.step - 1) % 2)];
-    if (before.step != now.step - 1 || before.whole) return whole;
-    // The union of the two steps' changes; where both changed an element, the later value.
-    const std::span<const T> before_values = before.values;
-    const std::size_t na = before.indices.size(), nb = last.indices.size();
-    const std::size_t room = std::min(indices.size(), values.size());
-    std::size_t i = 0, j = 0, n = 0;
-    while (i < na || j < nb) {
-      const bool take_last = j < nb && (i == na || last.indices[j] <= before.indices[i]);
-      if (n < room) {
-        indices[n] = take_last ? last.indices[j] : before.indices[i];
-        values[n] = take_last ? last_values[j] : before_values[i];
-      }
-      ++n;
-      if (take_last) {
-        if (i < na && before.indices[i] == last.indices[j]) ++i;
-        ++j;
-      } else {
-        ++i;
-      }
-    }
-    if (n > room) {
-      whole.count = n;
-      return whole;
-    }
-    return {.kind = param_changes_kind::sparse, .count = n, .version = now};
+    return ts.history.changes_since(held, now, indices, values);
   }
 
   /// Waits until every handed-over step is applied on this rank (not a barrier: other ranks
@@ -531,31 +487,17 @@ class pipeline {
 
   /// Writes the whole state (step, parameters and optimizer state, residuals and compressor
   /// state, the policy's state where it has one) in the checked format of
-  /// core/saved_state.hpp (kind "STELLPIP": records PIPE with the step and the tensors, POLI
-  /// with the policy's fields, COMP and OPTM with the compressor's and the optimizer's own
-  /// saved states). Call after `flush()` with no hand-over in progress; the blob of each rank
-  /// holds that rank's state (residuals differ between ranks).
+  /// core/saved_state.hpp (kind "STELLPIP", pipeline/checkpoint.hpp). Call after `flush()`
+  /// with no hand-over in progress; the blob of each rank holds that rank's state (residuals
+  /// differ between ranks).
   [[nodiscard]] std::vector<std::byte> save_checkpoint() {
     flush();
     std::lock_guard lock(mutex_);
     const auto c = compressor_.save_state();
     std::vector<std::byte> o(static_cast<std::size_t>(optimizer_.state_size_bytes()));
     optimizer_.save_state(std::span<std::byte>(o));
-    return save_state_bytes(detail::pipeline_checkpoint_kind, [&](state_writer& w) {
-      w.record("PIPE", [&](state_record_writer& r) {
-        r.put(static_cast<std::uint64_t>(pushed_steps_));
-        r.put(static_cast<std::uint64_t>(tensors_.size()));
-        for (const auto& t : tensors_) {
-          r.put(t.id);
-          r.put(static_cast<std::uint64_t>(t.size));
-        }
-      });
-      w.record("POLI", [&](state_record_writer& r) {
-        if constexpr (requires { policy_.save(r); }) policy_.save(r);
-      });
-      w.record("COMP", [&](state_record_writer& r) { r.put_bytes(c); });
-      w.record("OPTM", [&](state_record_writer& r) { r.put_bytes(o); });
-    });
+    return detail::write_pipeline_checkpoint(static_cast<std::uint64_t>(pushed_steps_), checkpoint_tensors(),
+                                             policy_, c, o);
   }
 
   /// Restores a blob of `save_checkpoint` into a started pipeline with the same tensors and
@@ -570,56 +512,25 @@ class pipeline {
       ~restart() { self->start_exchangers(); }
     } restart_on_exit{this};
     std::lock_guard lock(mutex_);
-    constexpr const char* who = "pipeline checkpoint";
-    state_reader rd(blob, detail::pipeline_checkpoint_kind, who);
-    auto head = rd.next("PIPE");
-    const auto steps = head.get<std::uint64_t>();
-    const auto count = head.get<std::uint64_t>();
-    if (count != tensors_.size()) {
-      throw_error(errc::invalid_argument, std::string(who) + ": " + std::to_string(count) +
-                                              " tensors, the pipeline has " + std::to_string(tensors_.size()));
-    }
-    for (const auto& t : tensors_) {
-      const auto id = head.get<std::uint32_t>();
-      const auto size = head.get<std::uint64_t>();
-      if (id != t.id || size != t.size) {
-        throw_error(errc::invalid_argument, std::string(who) + ": tensor " + std::to_string(id) + " of " +
-                                                std::to_string(size) + " elements where the pipeline has tensor " +
-                                                std::to_string(t.id) + " of " + std::to_string(t.size));
-      }
-    }
-    head.finish();
-    auto policy = rd.next("POLI");
-    // The policy's fields are read into a copy first: it changes with the rest or not at all.
-    std::optional<Policy> restored_policy;
-    if constexpr (requires { policy_.load(policy); }) {
-      restored_policy.emplace(policy_);
-      restored_policy->load(policy);
-    }
-    policy.finish();
-    auto c_record = rd.next("COMP");
-    const auto c_state = c_record.get_bytes(c_record.remaining());
-    auto o_record = rd.next("OPTM");
-    const auto o_state = o_record.get_bytes(o_record.remaining());
-    rd.finish();
+    auto saved = detail::read_pipeline_checkpoint(blob, checkpoint_tensors(), policy_);
     // Each part checks itself before it changes anything; the compressor's state before this
     // call is kept, so that an optimizer state it refuses leaves both as they were.
     const auto compressor_before = compressor_.save_state();
-    compressor_.load_state(ex_, c_state);
+    compressor_.load_state(ex_, saved.compressor);
     try {
-      optimizer_.load_state(o_state);
+      optimizer_.load_state(saved.optimizer);
     } catch (...) {
       compressor_.load_state(ex_, compressor_before);
       throw;
     }
-    if (restored_policy) policy_ = std::move(*restored_policy);
-    const auto s = static_cast<std::int64_t>(steps);
+    if (saved.policy) policy_ = std::move(*saved.policy);
+    const auto s = static_cast<std::int64_t>(saved.steps);
     pushed_steps_ = s;
     applied_step_ = s - 1;
     for (auto& t : tensors_) {
-      t.pushes = steps * options_.micro_batches;
+      t.pushes = saved.steps * options_.micro_batches;
       t.applied = s - 1;
-      for (auto& log : t.log) log.step = param_version::nothing;
+      t.history.forget();
     }
     generation_.fetch_add(1, std::memory_order_relaxed);  // copies made before hold another history
     for (auto& b : buckets_) {
@@ -630,20 +541,10 @@ class pipeline {
       }
     }
     first_unexchanged_step_ = s;
-    my_reports_ = {};
-    for (auto& t : peer_reports_) t = {};
-    next_observation_ = s;
+    reports_.start(ranks_, s);
   }
 
  private:
-  // One applied update of a tensor, as the update record keeps it.
-  struct update_log {
-    std::int64_t step = param_version::nothing;
-    bool whole = true;                // it may have changed every element
-    std::vector<index_t> indices;     // else: the elements it changed, sorted
-    std::vector<log_value_t> values;  // their new values, in the recorded precision
-  };
-
   struct tensor_state {
     std::uint32_t id = 0;
     std::uint64_t size = 0;
@@ -653,7 +554,7 @@ class pipeline {
     std::uint64_t pushes = 0;  // hand-overs so far (micro-batches included)
     // Guarded by the bucket's params_mutex:
     std::int64_t applied = -1;  // the last step applied to the parameters
-    update_log log[2];          // with an update record: the updates of steps s, by s mod 2
+    detail::update_history<index_t, log_value_t> history;  // with an update record
   };
 
   struct slot_state {
@@ -675,8 +576,8 @@ class pipeline {
     bool compress_busy = false;
     bool apply_busy = false;
     std::vector<sparse_buffer<value_t, index_t>> selections;   // per tensor of the bucket
-    sparse_buffer<float, index_t> control_out;  // this rank's reports, packed with each message
-    sparse_buffer<float, index_t> control_in;
+    std::vector<std::byte> report_payload;    // this rank's step reports, sent with each message
+    std::array<rank_report, step_reports_layout::max_reports> reports_in{};
     message_packer packer;
     message_unpacker unpacker;
     std::vector<std::vector<sparse_buffer<float, index_t>>> decoded;  // [rank][tensor]
@@ -1002,13 +903,14 @@ class pipeline {
       stats_.link_bytes += link;
       stats_.exchange_seconds += std::chrono::duration<double>(t1 - t0).count();
       if (++r.exchanged_buckets == buckets_.size()) {
-        // This rank's view of the step, for every rank's policy (see `add_reports`).
-        std::rotate(my_reports_.begin(), my_reports_.begin() + 1, my_reports_.end());
-        my_reports_.back() = {.step = step,
-                              .comm = std::chrono::duration<double>(r.exchange_end - r.exchange_begin).count(),
-                              .compute = r.compute_seconds,
-                              .link_bytes = static_cast<double>(r.link_bytes),
-                              .bytes_per_element = r.elements > 0 ? static_cast<double>(r.message_bytes) / static_cast<double>(r.elements) : 0.0};
+        // This rank's view of the step, for every rank's policy (pipeline/step_reports.hpp).
+        const double per_element =
+            r.elements > 0 ? static_cast<double>(r.message_bytes) / static_cast<double>(r.elements) : 0.0;
+        reports_.add_own({.step = step,
+                          .exchange_seconds = std::chrono::duration<double>(r.exchange_end - r.exchange_begin).count(),
+                          .compute_seconds = r.compute_seconds,
+                          .link_bytes = r.link_bytes,
+                          .bytes_per_element = per_element});
       }
       launch_ready(b);
     }
@@ -1030,13 +932,11 @@ class pipeline {
                                                  std::to_string(info.tag) + " for bucket " + std::to_string(b) +
                                                  " at step " + std::to_string(step));
       }
+      if (const std::size_t c = bs.unpacker.find_control(control_type::step_reports); c != message_unpacker::npos) {
+        take_reports(r, step, bs, info.controls[c].payload);
+      }
       for (std::size_t s = 0; s < info.sections.size(); ++s) {
         const section_info& sec = info.sections[s];
-        if (sec.tensor == control_tensor) {
-          bs.unpacker.decode(s, bs.control_in, ex_);
-          take_reports(r, step, bs.control_in);
-          continue;
-        }
         const std::size_t i = tensor_in_bucket(bs, sec.tensor);
         if (i == npos) {
           throw_error(errc::malformed_message, "pipeline: rank " + std::to_string(r) + " sent tensor " +
@@ -1070,9 +970,7 @@ class pipeline {
       const auto sparse = std::as_const(bs.merged).view();
       if (kind == aggregate_kind::dense) {
         optimizer_.step(ts.optimizer_index, std::span<const float>(dense), ex_);
-        update_log& log = ts.log[static_cast<std::size_t>(step % 2)];
-        log.step = step;
-        log.whole = true;
+        ts.history.finish(step, /*whole=*/true);
       } else {
         if constexpr (records_updates) {
           step_and_log(ts, step, sparse);
@@ -1133,8 +1031,7 @@ class pipeline {
     requires records_updates
   {
     using T = Record;
-    update_log& log = ts.log[static_cast<std::size_t>(step % 2)];
-    log.step = param_version::nothing;  // until it is complete
+    auto& log = ts.history.begin(step);
     log.indices.assign(g.indices().begin(), g.indices().end());
     std::vector<T>& values = log.values;
     values.resize(g.size());
@@ -1145,111 +1042,43 @@ class pipeline {
       const auto p = std::as_const(optimizer_).params(ts.optimizer_index);
       for (std::size_t j = 0; j < values.size(); ++j) values[j] = from_float<T>(p[static_cast<std::size_t>(log.indices[j])]);
     }
-    log.whole = false;
-    log.step = step;
+    ts.history.finish(step, /*whole=*/false);
   }
 
   // ---------------------------------------------------------------- measurement reports
-  //
-  // How long an exchange takes on one rank includes waiting for ranks that are still
-  // computing: with staleness 1 ranks drift up to a step apart, and that skew is not the
-  // link's. The rank that starts a step's exchanges last waits for nobody, so the smallest
-  // exchange time among the ranks is the link's. Every rank therefore packs its own view of
-  // its last completed steps (exchange wall time, compute time, link bytes) into a small
-  // control section of each message, and every rank feeds its policy, in step order, the
-  // same aggregate once all ranks' reports of a step are in: exchange time and link bytes of
-  // the rank with the smallest exchange time, compute time of the slowest rank. All ranks'
-  // policies thus see the same measurements.
 
-  static constexpr std::uint32_t control_tensor = 0xFFFFFFFFu;
-  static constexpr std::size_t report_count = 3;   // latest steps per message
-  static constexpr std::size_t report_fields = 5;  // step mod 4096, comm, compute, link KiB, bytes/element
-  static constexpr std::uint64_t control_values = report_count * report_fields;
-
-  struct step_report {
-    std::int64_t step = -1;
-    double comm = 0;
-    double compute = 0;
-    double link_bytes = 0;
-    double bytes_per_element = 0;
-  };
-
+  // This rank's latest step reports, into the bucket's message.
   void add_reports(bucket_state& bs) {
-    std::array<step_report, report_count> mine;
+    std::span<const std::byte> payload;
     {
       std::lock_guard lock(mutex_);
-      mine = my_reports_;
+      payload = reports_.own_payload(bs.report_payload);
     }
-    std::uint64_t n = 0;
-    for (const auto& rep : mine) {
-      if (rep.step < 0) continue;
-      const float fields[report_fields] = {static_cast<float>(rep.step % 4096), static_cast<float>(rep.comm),
-                                           static_cast<float>(rep.compute), static_cast<float>(rep.link_bytes / 1024.0),
-                                           static_cast<float>(rep.bytes_per_element)};
-      bs.control_out.resize(n + report_fields);
-      for (std::size_t f = 0; f < report_fields; ++f, ++n) {
-        bs.control_out.indices()[n] = static_cast<index_t>(n);
-        bs.control_out.values()[n] = fields[f];
-      }
-    }
-    if (n == 0) return;
-    bs.control_out.set_dense_size(control_values);
-    bs.packer.add(control_tensor, sparse_view<const float, const index_t>(std::as_const(bs.control_out).view()),
-                  {.indices = index_encoding::raw_u16, .values = value_encoding::fp32});
+    if (!payload.empty()) bs.packer.add_control(control_type::step_reports, payload);
   }
 
-  // Stores rank r's reports from its message of step `step`, then observes every step whose
-  // reports are complete.
-  void take_reports(int r, std::int64_t step, const sparse_buffer<float, index_t>& in) {
-    const auto idx = in.indices();
-    const auto val = in.values();
+  // Rank r's reports from its message of `step`; every step whose reports are then complete
+  // is observed by the policy.
+  void take_reports(int r, std::int64_t step, bucket_state& bs, std::span<const std::byte> payload) {
+    const std::size_t n = read_step_reports(payload, step, bs.reports_in, "pipeline: rank " + std::to_string(r));
     std::lock_guard lock(mutex_);
-    auto& table = peer_reports_[static_cast<std::size_t>(r)];
-    for (std::size_t j = 0; j + report_fields <= idx.size(); j += report_fields) {
-      const auto mod = static_cast<std::int64_t>(val[j]);
-      // The report is of one of the few steps before `step`: undo the modulo.
-      const std::int64_t reported = step - ((step - mod) % 4096 + 4096) % 4096;
-      if (reported < 0 || mod < 0 || mod >= 4096) continue;
-      step_report& slot = table[static_cast<std::size_t>(reported % records_size)];
-      slot = {.step = reported, .comm = val[j + 1], .compute = val[j + 2],
-              .link_bytes = static_cast<double>(val[j + 3]) * 1024.0, .bytes_per_element = val[j + 4]};
-    }
-    for (;;) {
-      const std::int64_t n = next_observation_;
-      bool complete = true;
-      bool lost = false;
-      step_report agg;
-      double best_comm = 0;
-      for (const auto& t : peer_reports_) {
-        const step_report& rep = t[static_cast<std::size_t>(n % records_size)];
-        if (rep.step > n) lost = true;
-        if (rep.step != n) {
-          complete = false;
-          continue;
-        }
-        if (agg.step < 0 || rep.comm < best_comm) {
-          best_comm = rep.comm;
-          agg.link_bytes = rep.link_bytes;
-          agg.bytes_per_element = rep.bytes_per_element;
-        }
-        agg.step = n;
-        agg.compute = std::max(agg.compute, rep.compute);
-      }
-      if (lost) {  // a rank's report of n was overwritten before the others': skip the step
-        ++next_observation_;
-        continue;
-      }
-      if (!complete) break;
+    reports_.take(r, std::span<const rank_report>(bs.reports_in.data(), n), [&](const rank_report& agg) {
       if constexpr (requires { policy_.set_model(exchange_cost_model{}); }) {
         if (agg.bytes_per_element > 0) policy_.set_model(cost_model(agg.bytes_per_element));
       }
-      last_measurement_ = step_measurement{.compute_seconds = agg.compute,
-                                           .comm_seconds = best_comm,
-                                           .link_bytes = static_cast<std::uint64_t>(agg.link_bytes)};
+      last_measurement_ = step_measurement{.compute_seconds = agg.compute_seconds,
+                                           .comm_seconds = agg.exchange_seconds,
+                                           .link_bytes = agg.link_bytes};
       policy_.observe(last_measurement_);
       ++observations_;
-      ++next_observation_;
-    }
+    });
+  }
+
+  std::vector<detail::checkpoint_tensor> checkpoint_tensors() const {
+    std::vector<detail::checkpoint_tensor> out;
+    out.reserve(tensors_.size());
+    for (const auto& t : tensors_) out.push_back({t.id, t.size});
+    return out;
   }
 
   std::size_t tensor_in_bucket(const bucket_state& bs, std::uint32_t id) const noexcept {
@@ -1315,9 +1144,7 @@ class pipeline {
   bool failed_ = false;
   std::exception_ptr failure_;
   pipeline_stats stats_;
-  std::array<step_report, report_count> my_reports_{};
-  std::vector<std::array<step_report, records_size>> peer_reports_;  // [rank][step % records_size]
-  std::int64_t next_observation_ = 0;
+  detail::step_report_book reports_;
   std::uint64_t observations_ = 0;
   std::atomic<std::uint64_t> generation_{0};  // load_checkpoint calls (param_version::generation)
   step_measurement last_measurement_{};
