@@ -18,6 +18,7 @@
 #include <stellatrain/optim/adam.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
 #include <stellatrain/transport/allreduce.hpp>
+#include <stellatrain/transport/any_transport.hpp>
 #include <stellatrain/transport/barrier.hpp>
 #include <stellatrain/transport/in_process.hpp>
 #include <stellatrain/transport/metering.hpp>
@@ -457,19 +458,22 @@ void run_modes(Transport& t, const settings& s, const data& d, std::vector<fm::m
   }
 }
 
-// Wraps the backend: shaping when asked, then metering (bytes sent by rank 0).
+// Wraps the backend: shaping when asked, then metering (bytes sent by rank 0). The link is
+// type-erased, so that the training code is compiled once for every backend and link (a
+// virtual call per message costs nothing next to the exchange; one instantiation per link
+// doubled this file's compile time).
 template <st::transport Inner>
 void with_link(Inner inner, const settings& s, const data& d, std::vector<fm::mode_result>* results) {
+  std::optional<st::any_transport> link;
   if (s.bandwidth_mbps > 0 || s.rtt_ms > 0) {
-    st::shaped_transport<Inner> shaped(std::move(inner),
-                                       {.bits_per_second = s.bandwidth_mbps * 1e6,
-                                        .latency = std::chrono::microseconds(static_cast<std::int64_t>(s.rtt_ms * 500.0))});
-    st::metered_transport<st::shaped_transport<Inner>> t(std::move(shaped));
-    run_modes(t, s, d, results);
+    const auto latency = std::chrono::microseconds(static_cast<std::int64_t>(s.rtt_ms * 500.0));
+    link.emplace(st::shaped_transport<Inner>(std::move(inner),
+                                             {.bits_per_second = s.bandwidth_mbps * 1e6, .latency = latency}));
   } else {
-    st::metered_transport<Inner> t(std::move(inner));
-    run_modes(t, s, d, results);
+    link.emplace(std::move(inner));
   }
+  st::metered_transport<st::any_transport> t(std::move(*link));
+  run_modes(t, s, d, results);
 }
 
 void report(const settings& s, std::vector<fm::mode_result>& results, int ranks) {
