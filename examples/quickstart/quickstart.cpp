@@ -2,7 +2,7 @@
 // The main path in one page: two data-parallel ranks (threads of this process) fit a model.
 // Each step the pipeline selects 10% of every gradient with error feedback (bf16 values),
 // packs it, all-gathers it over the in-process transport, averages and steps Adam; both
-// ranks end every step with bit-identical parameters.
+// ranks end every step with bit-identical parameters. The README shows the "quickstart" region.
 #include <stellatrain/stellatrain.hpp>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <vector>
 
 int main() {
+  // [quickstart]
   namespace st = stellatrain;
   constexpr std::size_t n = 1 << 16;
   std::vector<std::vector<float>> result(2);
@@ -39,6 +40,7 @@ int main() {
     p.copy_params(0, w);
     result[static_cast<std::size_t>(rank)] = w;
   });
+  // [quickstart]
   const bool same = std::memcmp(result[0].data(), result[1].data(), n * sizeof(float)) == 0;
   std::printf("the ranks hold bit-identical parameters: %s\n", same ? "yes" : "NO");
   return same ? 0 : 1;

@@ -104,3 +104,41 @@ TEST_CASE("error feedback with k = 0 only accumulates", "[select][cuda][feedback
   const auto r = dres.download();
   for (std::size_t i = 0; i < n; ++i) REQUIRE(r[i] == g[i] + 0.25f);
 }
+
+// The README's "GPU selection" block is the text between the two "// [gpu_selection]" lines;
+// the code around it provides its buffers and checks what it selected.
+TEST_CASE("the README's GPU selection block sends error feedback's top k", "[select][cuda]") {
+  const std::size_t n = 100'000;
+  const std::uint64_t k = 1000;
+  test::stream s;
+  const cudaStream_t stream = s.get();
+  const auto g = random_normal<float>(n, 11);
+  device_buffer<float> grad(g), residual(std::vector<float>(n, 0.0f));
+  device_buffer<std::byte> out(topk_output_bytes<bf16>(n, k));
+  device_buffer<std::byte> ws(error_feedback_workspace_bytes(n, k));
+  test::pinned_bytes host(out.size());
+  const float* d_grad = grad.get();
+  float* d_residual = residual.get();
+  std::byte* d_out = out.get();
+  std::byte* d_ws = ws.get();
+  std::byte* h_out = host.span().data();
+  // [gpu_selection]
+  stellatrain::cuda_stream ctx{stream};
+  const auto out_bytes = stellatrain::topk_output_bytes<stellatrain::bf16>(n, k);
+  const auto ws_bytes = stellatrain::error_feedback_workspace_bytes(n, k);
+  // acc = grad + residual; top-k of |acc|; bf16 values sent, rounding error kept in residual
+  stellatrain::error_feedback_topk<std::uint32_t, stellatrain::bf16>(
+      ctx, d_grad, d_residual, n, k, {d_out, out_bytes}, {d_ws, ws_bytes});
+  cudaMemcpyAsync(h_out, d_out, out_bytes, cudaMemcpyDeviceToHost, stream);  // h_out: pinned
+  cudaStreamSynchronize(stream);
+  auto sel = stellatrain::read_selection<stellatrain::bf16, std::uint32_t>({h_out, out_bytes});
+  // [gpu_selection]
+  std::vector<float> want_residual(n, 0.0f);
+  const auto [want_idx, want_val] = reference_step<float, bf16>(g, want_residual, k);
+  REQUIRE(sel.size() == want_idx.size());
+  std::size_t bad = 0;
+  for (std::size_t j = 0; j < want_idx.size(); ++j) {
+    bad += sel.indices()[j] != want_idx[j] || raw_bits(sel.values()[j]) != raw_bits(want_val[j]);
+  }
+  CHECK(bad == 0);
+}
