@@ -51,6 +51,7 @@
 #include <stellatrain/transport/any_transport.hpp>
 #include <stellatrain/transport/barrier.hpp>
 #include <stellatrain/transport/broadcast.hpp>
+#include <stellatrain/transport/collective_options.hpp>
 #include <stellatrain/transport/collective_workspace.hpp>
 #include <stellatrain/transport/concept.hpp>
 #include <stellatrain/transport/in_process.hpp>

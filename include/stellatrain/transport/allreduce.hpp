@@ -5,11 +5,11 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
+#include <stellatrain/transport/collective_options.hpp>
 #include <stellatrain/transport/collective_workspace.hpp>
 #include <stellatrain/transport/concept.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -18,24 +18,6 @@
 #include <type_traits>
 
 namespace stellatrain {
-
-/// How `dense_allreduce` moves the data.
-enum class allreduce_algorithm {
-  automatic,  ///< the backend's native collective where it offers one, else ring
-  ring,       ///< reduce-scatter + all-gather around the ring, pipelined in chunks
-  native,     ///< the backend's own (MPI_Allreduce, ncclAllReduce); `errc::unsupported` else
-};
-
-/// Options of `dense_allreduce`. Every rank must pass the same values (except `timeout`).
-struct allreduce_options {
-  tag_type tag = 0;                           ///< tag of every message of the call
-  std::chrono::milliseconds timeout{60'000};  ///< bound on the whole call
-  allreduce_algorithm algorithm = allreduce_algorithm::automatic;
-  /// Pipelining unit; 0 = whole segments; `auto_chunk_bytes`: the transport's choice
-  std::size_t chunk_bytes = auto_chunk_bytes;
-  bool average = false;          ///< divide the sum by the number of ranks (floating point)
-  bool abort_on_failure = true;  ///< on failure, abort the transport (every rank fails now)
-};
 
 namespace detail {
 

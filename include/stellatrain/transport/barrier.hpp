@@ -3,23 +3,16 @@
 #pragma once
 
 #include <stellatrain/config.hpp>
+#include <stellatrain/transport/collective_options.hpp>
 #include <stellatrain/transport/collective_workspace.hpp>
 #include <stellatrain/transport/concept.hpp>
 
-#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <span>
 #include <string>
 
 namespace stellatrain {
-
-/// Options of `barrier`.
-struct barrier_options {
-  tag_type tag = 0;                           ///< tag of every message of the call
-  std::chrono::milliseconds timeout{60'000};  ///< bound on the whole call
-  bool abort_on_failure = true;  ///< on failure, abort the transport (every rank fails now)
-};
 
 /// Returns on every rank only after every rank has entered it.
 ///

@@ -5,12 +5,12 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
+#include <stellatrain/transport/collective_options.hpp>
 #include <stellatrain/transport/collective_workspace.hpp>
 #include <stellatrain/transport/concept.hpp>
 #include <stellatrain/transport/message_buffer.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -19,17 +19,6 @@
 #include <utility>
 
 namespace stellatrain {
-
-/// Options of `broadcast`. Every rank must pass the same values (except `timeout`).
-struct broadcast_options {
-  tag_type tag = 0;                           ///< tag of every message of the call
-  std::chrono::milliseconds timeout{60'000};  ///< bound on the whole call
-  /// Pipelining unit; 0 = whole message; `auto_chunk_bytes`: the transport's choice
-  std::size_t chunk_bytes = auto_chunk_bytes;
-  /// Longer announced lengths are errors (before anything is allocated).
-  std::uint64_t max_message_bytes = std::uint64_t{1} << 40;
-  bool abort_on_failure = true;  ///< on failure, abort the transport (every rank fails now)
-};
 
 namespace detail {
 

@@ -7,9 +7,7 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
-#include <stellatrain/transport/allgather.hpp>
-#include <stellatrain/transport/allreduce.hpp>
-#include <stellatrain/transport/barrier.hpp>
+#include <stellatrain/transport/collective_options.hpp>
 #include <stellatrain/transport/concept.hpp>
 #include <stellatrain/transport/detail/frame.hpp>
 #include <stellatrain/transport/message_buffer.hpp>

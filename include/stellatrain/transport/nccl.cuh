@@ -8,9 +8,8 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/cuda_check.cuh>
 #include <stellatrain/core/error.hpp>
-#include <stellatrain/transport/allreduce.hpp>
-#include <stellatrain/transport/barrier.hpp>
 #include <stellatrain/transport/broadcast.hpp>
+#include <stellatrain/transport/collective_options.hpp>
 #include <stellatrain/transport/concept.hpp>
 
 #include <cuda_runtime_api.h>
