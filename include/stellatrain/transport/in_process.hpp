@@ -6,6 +6,7 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/transport/concept.hpp>
+#include <stellatrain/transport/detail/request_base.hpp>
 #include <stellatrain/transport/message_buffer.hpp>
 
 #include <algorithm>
@@ -194,47 +195,23 @@ inproc_op* inproc_take_first(std::vector<inproc_op*>& queue, Pred&& match) {
   return op;
 }
 
-}  // namespace detail
+// The operation of an in_process_request; empty once it completed (the op is back in the
+// world's pool then).
+struct inproc_handle {
+  inproc_world* world = nullptr;
+  inproc_op* op = nullptr;
 
-class in_process_transport;
+  bool empty() const noexcept { return op == nullptr; }
 
-/// The completion handle of `in_process_transport` (models `transport_request`).
-///
-/// Destroying it while its operation is pending withdraws the operation: a receive is never
-/// filled, a send not yet matched is never delivered. If another rank's thread is copying
-/// the message at that moment, the destructor waits for the copy (never longer).
-class in_process_request {
- public:
-  in_process_request() = default;
-  in_process_request(in_process_request&& other) noexcept
-      : world_(std::exchange(other.world_, nullptr)), op_(std::exchange(other.op_, nullptr)) {}
-  in_process_request& operator=(in_process_request&& other) noexcept {
-    if (this != &other) {
-      cancel();
-      world_ = std::exchange(other.world_, nullptr);
-      op_ = std::exchange(other.op_, nullptr);
-    }
-    return *this;
-  }
-  in_process_request(const in_process_request&) = delete;
-  in_process_request& operator=(const in_process_request&) = delete;
-  ~in_process_request() { cancel(); }
+  bool test() { return check(op->state.load(std::memory_order_acquire)); }
 
-  /// True once complete; throws `stellatrain::error` when the operation or the world failed.
-  bool test() {
-    if (op_ == nullptr) return true;
-    return check(op_->state.load(std::memory_order_acquire));
-  }
-
-  /// Blocks until complete (`true`) or `deadline` (`false`); throws as `test()`.
   bool wait_until(transport_clock::time_point deadline) {
-    if (op_ == nullptr) return true;
-    detail::inproc_rank& me = world_->ranks[static_cast<std::size_t>(op_->owner)];
+    inproc_rank& me = world->ranks[static_cast<std::size_t>(op->owner)];
     {
       std::unique_lock lock(me.mutex);
       auto ready = [&] {
-        return op_->state.load(std::memory_order_acquire) >= detail::inproc_done ||
-               world_->failed.load(std::memory_order_acquire);
+        return op->state.load(std::memory_order_acquire) >= inproc_done ||
+               world->failed.load(std::memory_order_acquire);
       };
       if (deadline == transport_clock::time_point::max()) {
         me.cv.wait(lock, ready);
@@ -242,55 +219,67 @@ class in_process_request {
         me.cv.wait_until(lock, deadline, ready);
       }
     }
-    return check(op_->state.load(std::memory_order_acquire));
+    return check(op->state.load(std::memory_order_acquire));
   }
 
- private:
-  friend class in_process_transport;
-  in_process_request(detail::inproc_world* w, detail::inproc_op* op) noexcept
-      : world_(w), op_(op) {}
-
   bool check(int state) {
-    if (state == detail::inproc_done) {
-      world_->release(std::exchange(op_, nullptr));
+    if (state == inproc_done) {
+      world->release(std::exchange(op, nullptr));
       return true;
     }
     // After an abort the abort's reason is the news, not its consequences (a rank that
     // closed while failing, say).
-    if (world_->failed.load(std::memory_order_acquire)) {
-      throw error(errc::peer_failure, world_->failure());
+    if (world->failed.load(std::memory_order_acquire)) {
+      throw error(errc::peer_failure, world->failure());
     }
-    if (state == detail::inproc_failed) throw error(op_->error_code, op_->error_message);
+    if (state == inproc_failed) throw error(op->error_code, op->error_message);
     return false;
   }
 
   void cancel() noexcept {
-    if (op_ == nullptr) return;
-    detail::inproc_op* op = std::exchange(op_, nullptr);
     // The op sits in the queue of the receiving rank.
-    const int queue_rank = op->kind == detail::inproc_kind::send ? op->peer : op->owner;
-    detail::inproc_rank& q = world_->ranks[static_cast<std::size_t>(queue_rank)];
+    const int queue_rank = op->kind == inproc_kind::send ? op->peer : op->owner;
+    inproc_rank& q = world->ranks[static_cast<std::size_t>(queue_rank)];
     {
       std::lock_guard lock(q.mutex);
-      if (op->state.load(std::memory_order_relaxed) == detail::inproc_pending) {
-        auto& queue = op->kind == detail::inproc_kind::send ? q.unexpected : q.posted;
+      if (op->state.load(std::memory_order_relaxed) == inproc_pending) {
+        auto& queue = op->kind == inproc_kind::send ? q.unexpected : q.posted;
         const auto it = std::find(queue.begin(), queue.end(), op);
         if (it != queue.end()) queue.erase(it);
-        op->state.store(detail::inproc_failed, std::memory_order_relaxed);
+        op->state.store(inproc_failed, std::memory_order_relaxed);
       }
     }
     // Taken by another thread: it is copying; wait for it to finish.
-    detail::inproc_rank& me = world_->ranks[static_cast<std::size_t>(op->owner)];
+    inproc_rank& me = world->ranks[static_cast<std::size_t>(op->owner)];
     {
       std::unique_lock lock(me.mutex);
-      me.cv.wait(lock,
-                 [&] { return op->state.load(std::memory_order_acquire) >= detail::inproc_done; });
+      me.cv.wait(lock, [&] { return op->state.load(std::memory_order_acquire) >= inproc_done; });
     }
-    world_->release(op);
+    world->release(std::exchange(op, nullptr));
   }
+};
 
-  detail::inproc_world* world_ = nullptr;
-  detail::inproc_op* op_ = nullptr;
+}  // namespace detail
+
+class in_process_transport;
+
+/// The completion handle of `in_process_transport` (models `transport_request`).
+///
+/// `test()` is true once the operation completed and throws `stellatrain::error` when the
+/// operation or the world failed; `wait_until(deadline)` blocks until complete (`true`) or
+/// `deadline` (`false`) and throws as `test()`.
+///
+/// Destroying it while its operation is pending withdraws the operation: a receive is never
+/// filled, a send not yet matched is never delivered. If another rank's thread is copying
+/// the message at that moment, the destructor waits for the copy (never longer).
+class in_process_request : public detail::request_base<detail::inproc_handle> {
+ public:
+  in_process_request() = default;
+
+ private:
+  friend class in_process_transport;
+  in_process_request(detail::inproc_world* w, detail::inproc_op* op) noexcept
+      : request_base({w, op}) {}
 };
 
 /// One rank of an `in_process_world` (models `message_transport`).

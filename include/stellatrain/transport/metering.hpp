@@ -6,6 +6,7 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/transport/concept.hpp>
+#include <stellatrain/transport/detail/request_base.hpp>
 #include <stellatrain/transport/message_buffer.hpp>
 
 #include <chrono>
@@ -119,48 +120,23 @@ struct metering_state {
   transport_clock::time_point since;
 };
 
-}  // namespace detail
+// The operation of a metered_request: the inner request and what is counted when it
+// completes. Never empty to the request base: the inner request keeps the answer, and a
+// failed one throws again on every later call.
+template <class Inner>
+struct metered_handle {
+  typename Inner::request_type inner{};
+  metering_state* state = nullptr;
+  message_buffer* buffer = nullptr;
+  transfer_record record{};
 
-template <transport Inner>
-class metered_transport;
-
-/// The completion handle of `metered_transport`: the inner request, counted on completion.
-template <transport Inner>
-class metered_request {
- public:
-  metered_request() = default;
-  metered_request(metered_request&& o) noexcept
-      : inner_(std::move(o.inner_)),
-        state_(std::exchange(o.state_, nullptr)),
-        buffer_(o.buffer_),
-        record_(o.record_) {}
-  metered_request& operator=(metered_request&& o) noexcept {
-    if (this != &o) {
-      finish(false);
-      inner_ = std::move(o.inner_);
-      state_ = std::exchange(o.state_, nullptr);
-      buffer_ = o.buffer_;
-      record_ = o.record_;
-    }
-    return *this;
-  }
-  metered_request(const metered_request&) = delete;
-  metered_request& operator=(const metered_request&) = delete;
-  ~metered_request() { finish(false); }
+  bool empty() const noexcept { return false; }
 
   bool test() {
-    return observe([&] { return inner_.test(); });
+    return observe([&] { return inner.test(); });
   }
   bool wait_until(transport_clock::time_point d) {
-    return observe([&] { return inner_.wait_until(d); });
-  }
-
- private:
-  friend class metered_transport<Inner>;
-  metered_request(typename Inner::request_type r, detail::metering_state* s, message_buffer* buffer,
-                  transfer_record rec)
-      : inner_(std::move(r)), state_(s), buffer_(buffer), record_(rec) {
-    state_->begin(rec.sent, rec.posted);
+    return observe([&] { return inner.wait_until(d); });
   }
 
   template <class F>
@@ -176,24 +152,49 @@ class metered_request {
     return done;
   }
 
+  void cancel() noexcept { finish(false); }
+
   void finish(bool completed) noexcept {
-    if (state_ == nullptr) return;
-    detail::metering_state* s = std::exchange(state_, nullptr);
-    record_.completed = transport_clock::now();
-    if (completed && buffer_ != nullptr) record_.bytes = buffer_->size();
-    s->end(record_.sent, record_.peer, record_.bytes, completed, record_.completed);
+    if (state == nullptr) return;
+    metering_state* s = std::exchange(state, nullptr);
+    record.completed = transport_clock::now();
+    if (completed && buffer != nullptr) record.bytes = buffer->size();
+    s->end(record.sent, record.peer, record.bytes, completed, record.completed);
     if (completed && s->options.on_transfer) {
       try {
-        s->options.on_transfer(record_);
+        s->options.on_transfer(record);
       } catch (...) {
       }
     }
   }
+};
 
-  typename Inner::request_type inner_{};
-  detail::metering_state* state_ = nullptr;
-  message_buffer* buffer_ = nullptr;
-  transfer_record record_{};
+}  // namespace detail
+
+template <transport Inner>
+class metered_transport;
+
+/// The completion handle of `metered_transport`: the inner request, counted on completion.
+template <transport Inner>
+class metered_request : public detail::request_base<detail::metered_handle<Inner>> {
+ public:
+  metered_request() = default;
+
+ private:
+  friend class metered_transport<Inner>;
+  using handle = detail::metered_handle<Inner>;
+
+  metered_request(typename Inner::request_type r, detail::metering_state* s, message_buffer* buffer,
+                  transfer_record rec)
+      : metered_request::request_base(started(std::move(r), s, buffer, rec)) {}
+
+  // Counts the operation in flight before the base owns the handle: when begin() throws, no
+  // request exists whose destructor would end an operation that never began.
+  static handle started(typename Inner::request_type r, detail::metering_state* s,
+                        message_buffer* buffer, transfer_record rec) {
+    s->begin(rec.sent, rec.posted);
+    return handle{std::move(r), s, buffer, rec};
+  }
 };
 
 /// Wraps a transport (owned) and meters it: bytes and messages per peer (counted when a

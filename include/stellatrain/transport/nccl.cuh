@@ -11,6 +11,7 @@
 #include <stellatrain/transport/broadcast.hpp>
 #include <stellatrain/transport/collective_options.hpp>
 #include <stellatrain/transport/concept.hpp>
+#include <stellatrain/transport/detail/request_base.hpp>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -131,34 +132,16 @@ struct nccl_state {
   }
 };
 
-}  // namespace detail
+// The operation of an nccl_request: the event recorded after it; empty once the event has
+// passed (or was dropped).
+struct nccl_handle {
+  nccl_state* state = nullptr;
+  cudaEvent_t event = nullptr;
 
-class nccl_transport;
-
-/// The completion handle of `nccl_transport`: a CUDA event recorded on the transport's
-/// stream after the operation. Completion means the GPU work is done. Dropping a pending
-/// request does not cancel the GPU work (stream order is final): keep the device buffers
-/// until the stream has passed it, or `abort` the transport.
-class nccl_request {
- public:
-  nccl_request() = default;
-  nccl_request(nccl_request&& o) noexcept
-      : state_(std::exchange(o.state_, nullptr)), event_(std::exchange(o.event_, nullptr)) {}
-  nccl_request& operator=(nccl_request&& o) noexcept {
-    if (this != &o) {
-      release();
-      state_ = std::exchange(o.state_, nullptr);
-      event_ = std::exchange(o.event_, nullptr);
-    }
-    return *this;
-  }
-  nccl_request(const nccl_request&) = delete;
-  nccl_request& operator=(const nccl_request&) = delete;
-  ~nccl_request() { release(); }
+  bool empty() const noexcept { return event == nullptr; }
 
   bool test() {
-    if (event_ == nullptr) return true;
-    if (!state_->poll(event_)) return false;
+    if (!state->poll(event)) return false;
     release();
     return true;
   }
@@ -169,21 +152,34 @@ class nccl_request {
       if (test()) return true;
       if (transport_clock::now() >= deadline) return false;
       std::this_thread::sleep_for(sleep);
-      sleep = std::min(sleep * 2, state_->options.max_poll_sleep);
+      sleep = std::min(sleep * 2, state->options.max_poll_sleep);
     }
   }
 
- private:
-  friend class nccl_transport;
-  nccl_request(detail::nccl_state* s, cudaEvent_t e) noexcept : state_(s), event_(e) {}
+  // Stream order is final: dropping a request only lets go of its event.
+  void cancel() noexcept { release(); }
 
   void release() noexcept {
-    if (event_ != nullptr) (void)cudaEventDestroy(event_);  // freed once the work has passed it
-    event_ = nullptr;
+    if (event != nullptr) (void)cudaEventDestroy(event);  // freed once the work has passed it
+    event = nullptr;
   }
+};
 
-  detail::nccl_state* state_ = nullptr;
-  cudaEvent_t event_ = nullptr;
+}  // namespace detail
+
+class nccl_transport;
+
+/// The completion handle of `nccl_transport`: a CUDA event recorded on the transport's
+/// stream after the operation. Completion means the GPU work is done. Dropping a pending
+/// request does not cancel the GPU work (stream order is final): keep the device buffers
+/// until the stream has passed it, or `abort` the transport.
+class nccl_request : public detail::request_base<detail::nccl_handle> {
+ public:
+  nccl_request() = default;
+
+ private:
+  friend class nccl_transport;
+  nccl_request(detail::nccl_state* s, cudaEvent_t e) noexcept : request_base({s, e}) {}
 };
 
 /// A rank of an NCCL communicator on the current CUDA device; models `transport` over

@@ -7,6 +7,7 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/transport/concept.hpp>
+#include <stellatrain/transport/detail/request_base.hpp>
 #include <stellatrain/transport/message_buffer.hpp>
 
 #include <algorithm>
@@ -157,6 +158,59 @@ struct shaping_state {
   std::thread worker;
 };
 
+// The operation of a shaped_request: a send waiting for its release (`op`), then the inner
+// request (`direct`, also the whole of a receive). Empty when it has neither.
+template <class Inner>
+struct shaped_handle {
+  using inner_request = typename Inner::request_type;
+  using op_ptr = typename shaping_state<Inner>::op_ptr;
+
+  shaping_state<Inner>* state = nullptr;
+  op_ptr op;
+  std::optional<inner_request> direct;
+
+  bool empty() const noexcept { return !op && !direct; }
+
+  bool test() {
+    if (op) {
+      std::unique_lock lock(state->mutex);
+      if (!op->released) return false;
+      adopt(lock);
+    }
+    return direct ? direct->test() : true;
+  }
+
+  bool wait_until(transport_clock::time_point deadline) {
+    if (op) {
+      std::unique_lock lock(state->mutex);
+      if (!state->released_cv.wait_until(lock, deadline, [&] { return op->released; }))
+        return false;
+      adopt(lock);
+    }
+    return direct ? direct->wait_until(deadline) : true;
+  }
+
+  // Takes over the inner request once released (under the state's mutex).
+  void adopt(std::unique_lock<std::mutex>& lock) {
+    op_ptr released = std::move(op);
+    if (released->inner) direct.emplace(std::move(*released->inner));
+    std::exception_ptr failure = released->error;
+    lock.unlock();
+    if (failure) {
+      op = std::move(released);  // keep failing on later calls
+      std::rethrow_exception(failure);
+    }
+  }
+
+  void cancel() noexcept {
+    if (op && state != nullptr) {
+      std::lock_guard lock(state->mutex);
+      if (!op->released) op->cancelled = true;
+    }
+    op.reset();
+  }
+};
+
 }  // namespace detail
 
 template <transport Inner>
@@ -166,74 +220,20 @@ class shaped_transport;
 /// to the inner transport and the inner send completed; a receive is the inner receive.
 /// Dropping a send before its release withdraws it.
 template <transport Inner>
-class shaped_request {
+class shaped_request : public detail::request_base<detail::shaped_handle<Inner>> {
  public:
   using inner_request = typename Inner::request_type;
 
   shaped_request() = default;
-  shaped_request(shaped_request&&) noexcept = default;
-  shaped_request& operator=(shaped_request&& other) noexcept {
-    if (this != &other) {
-      cancel();
-      state_ = std::exchange(other.state_, nullptr);
-      op_ = std::move(other.op_);
-      direct_ = std::move(other.direct_);
-    }
-    return *this;
-  }
-  shaped_request(const shaped_request&) = delete;
-  shaped_request& operator=(const shaped_request&) = delete;
-  ~shaped_request() { cancel(); }
-
-  bool test() {
-    if (op_) {
-      std::unique_lock lock(state_->mutex);
-      if (!op_->released) return false;
-      adopt(lock);
-    }
-    return direct_ ? direct_->test() : true;
-  }
-
-  bool wait_until(transport_clock::time_point deadline) {
-    if (op_) {
-      std::unique_lock lock(state_->mutex);
-      if (!state_->released_cv.wait_until(lock, deadline, [&] { return op_->released; }))
-        return false;
-      adopt(lock);
-    }
-    return direct_ ? direct_->wait_until(deadline) : true;
-  }
 
  private:
   friend class shaped_transport<Inner>;
   using op_ptr = typename detail::shaping_state<Inner>::op_ptr;
 
-  explicit shaped_request(inner_request r) : direct_(std::move(r)) {}
-  shaped_request(detail::shaping_state<Inner>* s, op_ptr op) : state_(s), op_(std::move(op)) {}
-
-  // Takes over the inner request once released (under the state's mutex).
-  void adopt(std::unique_lock<std::mutex>& lock) {
-    op_ptr op = std::move(op_);
-    if (op->inner) direct_.emplace(std::move(*op->inner));
-    std::exception_ptr failure = op->error;
-    lock.unlock();
-    if (failure) {
-      op_ = std::move(op);  // keep failing on later calls
-      std::rethrow_exception(failure);
-    }
-  }
-
-  void cancel() noexcept {
-    if (op_ && state_ != nullptr) {
-      std::lock_guard lock(state_->mutex);
-      if (!op_->released) op_->cancelled = true;
-    }
-    op_.reset();
-  }
-
-  detail::shaping_state<Inner>* state_ = nullptr;
-  op_ptr op_;
-  std::optional<inner_request> direct_;
+  explicit shaped_request(inner_request r)
+      : shaped_request::request_base({nullptr, nullptr, std::move(r)}) {}
+  shaped_request(detail::shaping_state<Inner>* s, op_ptr op)
+      : shaped_request::request_base({s, std::move(op), std::nullopt}) {}
 };
 
 /// Wraps a transport (owned) and shapes its sends: each message takes its size from a token
