@@ -8,11 +8,12 @@
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/sparse.hpp>
+#include <stellatrain/core/detail/isa_compat.hpp>
+#include <stellatrain/core/detail/simd_lanes.hpp>
 #include <stellatrain/select/detail/candidate_pass.hpp>
 #include <stellatrain/select/detail/exact_select.hpp>
 #include <stellatrain/select/detail/keys.hpp>
 #include <stellatrain/select/selection_source.hpp>
-#include <stellatrain/core/detail/simd_lanes.hpp>
 #include <stellatrain/select/exact_topk.hpp>
 #include <stellatrain/select/selection.hpp>
 
@@ -62,7 +63,8 @@ STELLATRAIN_FORCE_INLINE float block_term(float x) noexcept {
   if constexpr (L2) {
     return x * x;
   } else {
-    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(x) & 0x7fffffffu);  // |x|, as the SIMD paths
+    // |x|, as the SIMD paths
+    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(x) & 0x7fffffffu);
   }
 }
 
@@ -89,9 +91,10 @@ float block_score_source(const Source& src, std::uint64_t begin, std::uint64_t c
   return block_score_scalar<L2>(x, count);
 }
 
-#if XSIMD_WITH_AVX2
+#if STELLATRAIN_X86_INTRINSICS
 // Scores of 8 float blocks given s_j = f(x[0..8)) + f(x[8..16)) of each block j: the rest of
 // the canonical fold, with the 8 blocks transposed so that the adds are vertical.
+STELLATRAIN_TARGET("avx2")
 STELLATRAIN_FORCE_INLINE __m256 block8_fold_avx2(const __m256 (&s)[8]) noexcept {
   __m256 tt[4];
   for (int i = 0; i < 4; ++i) {
@@ -125,7 +128,7 @@ double score_blocks(Ex& ex, const Source& src, std::uint64_t n, float* scores, d
     double energy = 0;
     std::uint64_t i = begin;
     if constexpr (std::is_same_v<T, float> && lane_ops<Arch>::isa == lane_isa::sse2) {
-#if XSIMD_WITH_SSE2
+#if STELLATRAIN_X86_INTRINSICS
       __m128 e4 = _mm_setzero_ps();
       const __m128 sign = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
       auto term = [&](__m128 v) {
@@ -147,10 +150,11 @@ double score_blocks(Ex& ex, const Source& src, std::uint64_t n, float* scores, d
       }
       alignas(16) float lanes[4];
       _mm_store_ps(lanes, e4);
-      energy += (static_cast<double>(lanes[0]) + lanes[1]) + (static_cast<double>(lanes[2]) + lanes[3]);
+      energy +=
+          (static_cast<double>(lanes[0]) + lanes[1]) + (static_cast<double>(lanes[2]) + lanes[3]);
 #endif
     } else if constexpr (std::is_same_v<T, float> && lane_ops<Arch>::isa == lane_isa::avx512) {
-#if XSIMD_WITH_AVX512F
+#if STELLATRAIN_X86_INTRINSICS
       // Each 512-bit load is one block; its halves feed the 256-bit fold (shuffle bound).
       __m256 e8 = _mm256_setzero_ps();
       const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -174,7 +178,7 @@ double score_blocks(Ex& ex, const Source& src, std::uint64_t n, float* scores, d
       for (float v : lanes) energy += v;
 #endif
     } else if constexpr (std::is_same_v<T, float> && lane_ops<Arch>::isa == lane_isa::avx2) {
-#if XSIMD_WITH_AVX2
+#if STELLATRAIN_X86_INTRINSICS
       __m256 e8 = _mm256_setzero_ps();
       const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
       auto term = [&](__m256 v) {
@@ -227,7 +231,8 @@ struct block_workspace {
   radix_workspace rw;
 
   template <executor Ex>
-  void reserve(Ex& ex, std::uint64_t n, std::uint64_t k, std::uint64_t block, const exact_topk_options& o) {
+  void reserve(Ex& ex, std::uint64_t n, std::uint64_t k, std::uint64_t block,
+               const exact_topk_options& o) {
     const buffer_options opts{.prefault = true};
     const std::uint64_t nb = (n + block - 1) / block;
     const std::uint64_t q = std::min(nb, (k + block - 1) / block + 1);
@@ -237,7 +242,8 @@ struct block_workspace {
       out = aligned_buffer<std::uint64_t>(q + 1, opts, ex);
     }
     // One partial energy per scoring chunk, and later per emission group (>= 256 blocks).
-    const std::uint64_t chunks = std::max(chunk_count(n, select_grain), chunk_count(q, emit_group_min));
+    const std::uint64_t chunks =
+        std::max(chunk_count(n, select_grain), chunk_count(q, emit_group_min));
     if (chunks > partial.size()) partial = aligned_buffer<double>(chunks, opts, ex);
     ws.reserve(ex, exact_capacity(nb, q, o.min_capacity), nb, o.samples);
   }
@@ -247,7 +253,8 @@ struct block_workspace {
 /// the scores, the partial block that makes the count exactly k, emission in index order.
 template <class Arch, class Source, executor Ex, class Emit>
 block_selection_stats block_select(Ex& ex, const Source& src, std::uint64_t n, std::uint64_t k,
-                                   const block_topk_options& options, block_workspace& bw, Emit&& emit) {
+                                   const block_topk_options& options, block_workspace& bw,
+                                   Emit&& emit) {
   using T = typename Source::value_type;
   constexpr std::uint64_t b = block_elements<T>;
   bw.reserve(ex, n, k, b, options.blocks);
@@ -270,8 +277,9 @@ block_selection_stats block_select(Ex& ex, const Source& src, std::uint64_t n, s
   std::uint32_t kth = 0;
   if (q < nb) {
     const exact_tuning tuning{.samples = options.blocks.samples, .z = options.blocks.margin_sigmas};
-    const select_outcome o = select_exact<Arch>(ex, plain_source<float>{scores}, nb, q, q, tuning, bw.ws, bw.rw,
-                                                [&](std::uint64_t pos, std::uint64_t j, std::uint32_t) { blocks[pos] = j; });
+    const select_outcome o = select_exact<Arch>(
+        ex, plain_source<float>{scores}, nb, q, q, tuning, bw.ws, bw.rw,
+        [&](std::uint64_t pos, std::uint64_t j, std::uint32_t) { blocks[pos] = j; });
     kth = o.kth_key;
   } else {
     kth = key_of(0);
@@ -341,11 +349,12 @@ block_selection_stats block_select(Ex& ex, const Source& src, std::uint64_t n, s
           bits[l] = rd.load_scalar(first + l);
           order[l] = l;
         }
-        std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(size), [&](std::uint64_t x, std::uint64_t y) {
-          const std::uint32_t kx = bits[x] & key_mask_of<T>;
-          const std::uint32_t ky = bits[y] & key_mask_of<T>;
-          return kx != ky ? kx > ky : x < y;
-        });
+        std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(size),
+                  [&](std::uint64_t x, std::uint64_t y) {
+                    const std::uint32_t kx = bits[x] & key_mask_of<T>;
+                    const std::uint32_t ky = bits[y] & key_mask_of<T>;
+                    return kx != ky ? kx > ky : x < y;
+                  });
         std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(partial_count));
         for (std::uint64_t r = 0; r < partial_count; ++r) {
           const double f = to_float(value_from_bits<T>(bits[order[r]]));
@@ -411,8 +420,9 @@ class block_topk_selector {
 
   /// One selection from `src` (see the `selector` concept).
   template <executor Ex, class Source, class Emit>
-  block_selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src, std::uint64_t n,
-                                    std::uint64_t k, const selection_context&, Emit&& emit) const {
+  block_selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src,
+                                    std::uint64_t n, std::uint64_t k, const selection_context&,
+                                    Emit&& emit) const {
     [[maybe_unused]] const auto awake = stay_awake(ex);  // several bulk calls follow
     if (k > 0 && k < n) return detail::block_select<Arch>(ex, src, n, k, options_, ws, emit);
     block_selection_stats all;
@@ -434,10 +444,11 @@ class block_topk_selector {
   /// ascending, offset by `index_base`). Errors as `exact_topk_selector::select`.
   template <executor Ex, value_type T, index_type Index>
   block_selection_stats select(Ex& ex, std::type_identity_t<std::span<const T>> x, std::uint64_t k,
-                               std::span<Index> indices, std::span<T> values, std::uint64_t index_base = 0) {
+                               std::span<Index> indices, std::span<T> values,
+                               std::uint64_t index_base = 0) {
     const std::uint64_t n = x.size();
-    detail::check_selection_args<Index>("block_topk_selector::select", n, k, indices.size(), values.size(),
-                                        index_base);
+    detail::check_selection_args<Index>("block_topk_selector::select", n, k, indices.size(),
+                                        values.size(), index_base);
     if (k == 0 || n == 0) return {};
     [[maybe_unused]] const auto awake = stay_awake(ex);  // several bulk calls follow
     if (k >= n) {

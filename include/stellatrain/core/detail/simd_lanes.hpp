@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Lane primitives of the selection kernels that xsimd 8 lacks: comparison masks as bit sets,
-// compress-store of the selected lanes, widening 16-bit loads; plus the `scalar_arch` tag.
+// compress-store of the selected lanes, widening 16-bit loads.
 #pragma once
 
 #include <stellatrain/config.hpp>
+#include <stellatrain/core/detail/isa_compat.hpp>
 
 #include <xsimd/xsimd.hpp>
 
@@ -14,43 +15,7 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__SSE2__) || defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-namespace stellatrain {
-
-/// Architecture tag that makes a selection kernel run its plain scalar loops instead of xsimd
-/// batches. The scalar path defines the results: every SIMD architecture must agree with it
-/// bit for bit (the tests compare them), so `scalar_arch` serves as the oracle of the kernels.
-struct scalar_arch {
-  static constexpr const char* name() noexcept { return "scalar"; }
-};
-
-}  // namespace stellatrain
-
 namespace stellatrain::detail {
-
-template <class Arch>
-inline constexpr bool is_scalar_arch = std::is_same_v<Arch, scalar_arch>;
-
-// Which hand-written lane primitives an xsimd architecture gets. Note that in xsimd 8 avx512f
-// does not derive from avx2 and avx2 does not derive from sse2, so each family is tested alone.
-enum class lane_isa : std::uint8_t { generic, sse2, avx2, avx512 };
-
-template <class Arch>
-constexpr lane_isa lane_isa_of() noexcept {
-#if XSIMD_WITH_AVX512F
-  if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) return lane_isa::avx512;
-#endif
-#if XSIMD_WITH_AVX2
-  if constexpr (std::is_base_of_v<xsimd::avx2, Arch>) return lane_isa::avx2;
-#endif
-#if XSIMD_WITH_SSE2
-  if constexpr (std::is_base_of_v<xsimd::sse2, Arch>) return lane_isa::sse2;
-#endif
-  return lane_isa::generic;
-}
 
 // For a mask of 8 lanes: the indices of the set lanes in order, 3 bits each (the permutation
 // that moves the selected lanes to the front).
@@ -98,17 +63,17 @@ struct lane_ops {
   /// `width` 16-bit values zero-extended to 32-bit lanes.
   static ibatch load_bits(const std::uint16_t* p) noexcept {
     if constexpr (isa == lane_isa::avx512) {
-#if XSIMD_WITH_AVX512F
+#if STELLATRAIN_X86_INTRINSICS
       // The zero-masked form: GCC 12 warns (wrongly) inside the unmasked intrinsic.
-      return ibatch(_mm512_maskz_cvtepu16_epi32(static_cast<__mmask16>(0xffff),
-                                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+      return ibatch(_mm512_maskz_cvtepu16_epi32(
+          static_cast<__mmask16>(0xffff), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
 #endif
     } else if constexpr (isa == lane_isa::avx2) {
-#if XSIMD_WITH_AVX2
+#if STELLATRAIN_X86_INTRINSICS
       return ibatch(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 #endif
     } else if constexpr (isa == lane_isa::sse2) {
-#if XSIMD_WITH_SSE2
+#if STELLATRAIN_X86_INTRINSICS
       const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
       return ibatch(_mm_unpacklo_epi16(v, _mm_setzero_si128()));
 #endif
@@ -122,15 +87,16 @@ struct lane_ops {
   /// Bit l of the result is lane l of `m`.
   static std::uint32_t mask_bits(const ibool& m) noexcept {
     if constexpr (isa == lane_isa::avx512) {
-#if XSIMD_WITH_AVX512F
+#if STELLATRAIN_X86_INTRINSICS
       return static_cast<std::uint32_t>(static_cast<__mmask16>(m));
 #endif
     } else if constexpr (isa == lane_isa::avx2) {
-#if XSIMD_WITH_AVX2
-      return static_cast<std::uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(static_cast<__m256i>(m))));
+#if STELLATRAIN_X86_INTRINSICS
+      return static_cast<std::uint32_t>(
+          _mm256_movemask_ps(_mm256_castsi256_ps(static_cast<__m256i>(m))));
 #endif
     } else if constexpr (isa == lane_isa::sse2) {
-#if XSIMD_WITH_SSE2
+#if STELLATRAIN_X86_INTRINSICS
       return static_cast<std::uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(static_cast<__m128i>(m))));
 #endif
     } else {
@@ -152,7 +118,7 @@ struct lane_ops {
                                                              std::uint32_t& nonempty) noexcept
     requires packs_masks8
   {
-#if XSIMD_WITH_AVX2
+#if STELLATRAIN_X86_INTRINSICS
     auto v = [&](std::size_t q) { return static_cast<__m256i>(m[q]); };
     // Within each 128-bit half the packs leave 4-lane groups in the order (m0 lo, m1 lo, m2
     // lo, m3 lo | m0 hi, m1 hi, m2 hi, m3 hi); the permutation puts each comparison's 8 lanes
@@ -188,7 +154,7 @@ struct lane_ops {
   /// operand: GCC 12 warns, wrongly, inside the unmasked intrinsics.)
   static ibatch max(const ibatch& a, const ibatch& b) noexcept {
     if constexpr (isa == lane_isa::avx512) {
-#if XSIMD_WITH_AVX512F
+#if STELLATRAIN_X86_INTRINSICS
       return ibatch(_mm512_mask_max_epi32(static_cast<__m512i>(a), static_cast<__mmask16>(0xffff),
                                           static_cast<__m512i>(a), static_cast<__m512i>(b)));
 #endif
@@ -199,7 +165,7 @@ struct lane_ops {
 
   static ibatch min(const ibatch& a, const ibatch& b) noexcept {
     if constexpr (isa == lane_isa::avx512) {
-#if XSIMD_WITH_AVX512F
+#if STELLATRAIN_X86_INTRINSICS
       return ibatch(_mm512_mask_min_epi32(static_cast<__m512i>(a), static_cast<__mmask16>(0xffff),
                                           static_cast<__m512i>(a), static_cast<__m512i>(b)));
 #endif
@@ -220,16 +186,17 @@ struct lane_ops {
   /// Adds 1 to the lanes of `acc` where `m` is set.
   static void count_into(ibatch& acc, const ibool& m) noexcept {
     if constexpr (isa == lane_isa::avx512) {
-#if XSIMD_WITH_AVX512F
+#if STELLATRAIN_X86_INTRINSICS
       acc = ibatch(_mm512_mask_add_epi32(static_cast<__m512i>(acc), static_cast<__mmask16>(m),
                                          static_cast<__m512i>(acc), _mm512_set1_epi32(1)));
 #endif
     } else if constexpr (isa == lane_isa::avx2) {
-#if XSIMD_WITH_AVX2
-      acc = ibatch(_mm256_sub_epi32(static_cast<__m256i>(acc), static_cast<__m256i>(m)));  // true = -1
+#if STELLATRAIN_X86_INTRINSICS
+      // true = -1
+      acc = ibatch(_mm256_sub_epi32(static_cast<__m256i>(acc), static_cast<__m256i>(m)));
 #endif
     } else if constexpr (isa == lane_isa::sse2) {
-#if XSIMD_WITH_SSE2
+#if STELLATRAIN_X86_INTRINSICS
       acc = ibatch(_mm_sub_epi32(static_cast<__m128i>(acc), static_cast<__m128i>(m)));
 #endif
     } else {
@@ -241,23 +208,26 @@ struct lane_ops {
   /// many. May write up to `width` entries (room must exist).
   static std::uint32_t compress(std::uint32_t mask, const ibatch& a, std::uint32_t* pa) noexcept {
     if constexpr (isa == lane_isa::avx512) {
-#if XSIMD_WITH_AVX512F
+#if STELLATRAIN_X86_INTRINSICS
       // Compress into a register, then a plain store: compress-to-memory is microcoded and
       // slow on several cores.
-      _mm512_storeu_si512(pa, _mm512_maskz_compress_epi32(static_cast<__mmask16>(mask), static_cast<__m512i>(a)));
+      _mm512_storeu_si512(
+          pa, _mm512_maskz_compress_epi32(static_cast<__mmask16>(mask), static_cast<__m512i>(a)));
       return static_cast<std::uint32_t>(std::popcount(mask));
 #endif
     } else if constexpr (isa == lane_isa::avx2) {
-#if XSIMD_WITH_AVX2
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pa),
-                          _mm256_permutevar8x32_epi32(static_cast<__m256i>(a), avx2_compress_permutation(mask)));
+#if STELLATRAIN_X86_INTRINSICS
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(pa),
+          _mm256_permutevar8x32_epi32(static_cast<__m256i>(a), avx2_compress_permutation(mask)));
       return static_cast<std::uint32_t>(std::popcount(mask));
 #endif
     } else {
       alignas(64) std::int32_t la[width];
       a.store_aligned(la);
       std::uint32_t c = 0;
-      for (; mask != 0; mask &= mask - 1) pa[c++] = static_cast<std::uint32_t>(la[std::countr_zero(mask)]);
+      for (; mask != 0; mask &= mask - 1)
+        pa[c++] = static_cast<std::uint32_t>(la[std::countr_zero(mask)]);
       return c;
     }
   }
@@ -267,14 +237,14 @@ struct lane_ops {
                                  std::uint32_t* STELLATRAIN_RESTRICT pa,
                                  std::uint32_t* STELLATRAIN_RESTRICT pb) noexcept {
     if constexpr (isa == lane_isa::avx512) {
-#if XSIMD_WITH_AVX512F
+#if STELLATRAIN_X86_INTRINSICS
       const auto k = static_cast<__mmask16>(mask);
       _mm512_storeu_si512(pa, _mm512_maskz_compress_epi32(k, static_cast<__m512i>(a)));
       _mm512_storeu_si512(pb, _mm512_maskz_compress_epi32(k, static_cast<__m512i>(b)));
       return static_cast<std::uint32_t>(std::popcount(mask));
 #endif
     } else if constexpr (isa == lane_isa::avx2) {
-#if XSIMD_WITH_AVX2
+#if STELLATRAIN_X86_INTRINSICS
       const __m256i perm = avx2_compress_permutation(mask);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pa),
                           _mm256_permutevar8x32_epi32(static_cast<__m256i>(a), perm));
@@ -299,12 +269,15 @@ struct lane_ops {
   }
 
  private:
-#if XSIMD_WITH_AVX2
+#if STELLATRAIN_X86_INTRINSICS
   // The lane permutation that moves the lanes set in an 8-bit mask to the front.
-  static __m256i avx2_compress_permutation(std::uint32_t mask) noexcept {
+  static __m256i avx2_compress_permutation(std::uint32_t mask) noexcept
+    requires(isa == lane_isa::avx2)
+  {
     const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
     return _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(compress_permutation_8[mask])), shifts),
+        _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(compress_permutation_8[mask])),
+                          shifts),
         _mm256_set1_epi32(7));
   }
 #endif

@@ -5,16 +5,13 @@
 #pragma once
 
 #include <stellatrain/config.hpp>
-#include <stellatrain/core/error.hpp>
+#include <stellatrain/core/detail/isa_compat.hpp>
 #include <stellatrain/core/detail/xsimd_compat.hpp>
+#include <stellatrain/core/error.hpp>
 #include <stellatrain/pack/detail/bit_packing.hpp>
 #include <stellatrain/pack/wire_format.hpp>
 
 #include <xsimd/xsimd.hpp>
-
-#if defined(__SSE2__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <array>
@@ -80,8 +77,9 @@ struct chunk_encoding {
 // gaps and sets `bad` when an index does not ascend strictly.
 // `base` is 64-bit because the index after 2^32 - 1 does not fit a 32-bit index.
 template <class I>
-STELLATRAIN_FORCE_INLINE I block_gaps(const I* STELLATRAIN_RESTRICT idx, std::size_t count, std::uint64_t base,
-                                      I* STELLATRAIN_RESTRICT d, bool& bad) noexcept {
+STELLATRAIN_FORCE_INLINE I block_gaps(const I* STELLATRAIN_RESTRICT idx, std::size_t count,
+                                      std::uint64_t base, I* STELLATRAIN_RESTRICT d,
+                                      bool& bad) noexcept {
   I any = static_cast<I>(idx[0] - base);
   I not_above = idx[0] < base ? 1 : 0;
   d[0] = any;
@@ -99,11 +97,15 @@ STELLATRAIN_FORCE_INLINE I block_gaps(const I* STELLATRAIN_RESTRICT idx, std::si
 // thresholds below the gap width. One pass; the counters stay in registers (a histogram in
 // memory would serialise on store-to-load forwarding when neighbouring gaps share a width).
 template <std::size_t K, class I, class Arch>
-void count_wider_fixed(const I* d, std::size_t count, const unsigned* t, std::uint32_t* counts) noexcept {
+void count_wider_fixed(const I* d, std::size_t count, const unsigned* t,
+                       std::uint32_t* counts) noexcept {
   std::size_t j = 0;
   for (std::size_t i = 0; i < K; ++i) counts[i] = 0;
-#if defined(__AVX2__)
-  if constexpr (sizeof(I) == 4) {
+  constexpr lane_isa isa = lane_isa_of<Arch>();
+  // AVX-512 architectures take the 256-bit code: vertical_simd (bit_packing.hpp) leaves out
+  // their 16-lane batches, which would get the scalar loop.
+  if constexpr (sizeof(I) == 4 && (isa == lane_isa::avx2 || isa == lane_isa::avx512)) {
+#if STELLATRAIN_X86_INTRINSICS
     // A compare gives -1 per wider gap: subtracting it counts (two instructions per threshold).
     const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
     __m256i limit[K];
@@ -113,17 +115,20 @@ void count_wider_fixed(const I* d, std::size_t count, const unsigned* t, std::ui
       acc[i] = _mm256_setzero_si256();
     }
     for (; j + 8 <= count; j += 8) {
-      const __m256i v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + j)), sign);
-      for (std::size_t i = 0; i < K; ++i) acc[i] = _mm256_sub_epi32(acc[i], _mm256_cmpgt_epi32(v, limit[i]));
+      const __m256i v =
+          _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + j)), sign);
+      for (std::size_t i = 0; i < K; ++i)
+        acc[i] = _mm256_sub_epi32(acc[i], _mm256_cmpgt_epi32(v, limit[i]));
     }
     for (std::size_t i = 0; i < K; ++i) {
-      const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc[i]), _mm256_extracti128_si256(acc[i], 1));
+      const __m128i h =
+          _mm_add_epi32(_mm256_castsi256_si128(acc[i]), _mm256_extracti128_si256(acc[i], 1));
       const __m128i q = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-      counts[i] = static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1))));
+      counts[i] = static_cast<std::uint32_t>(
+          _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1))));
     }
-  } else
 #endif
-  if constexpr (sizeof(I) == 4 && vertical_simd<Arch>) {
+  } else if constexpr (sizeof(I) == 4 && vertical_simd<Arch>) {
     using batch = xsimd::batch<std::uint32_t, Arch>;
     constexpr std::size_t width = batch::size;
     // d >> t != 0  <=>  d > 2^t - 1, unsigned; as a signed compare after flipping sign bits.
@@ -137,12 +142,14 @@ void count_wider_fixed(const I* d, std::size_t count, const unsigned* t, std::ui
     }
     for (; j + width <= count; j += width) {
       const auto v = xsimd::bitwise_cast<ibatch>(batch::load_unaligned(d + j) ^ sign);
-      for (std::size_t i = 0; i < K; ++i) acc[i] = acc[i] + xsimd::select(v > limit[i], ibatch(1), ibatch(0));
+      for (std::size_t i = 0; i < K; ++i)
+        acc[i] = acc[i] + xsimd::select(v > limit[i], ibatch(1), ibatch(0));
     }
     for (std::size_t i = 0; i < K; ++i) counts[i] = static_cast<std::uint32_t>(reduce_add(acc[i]));
   }
   for (; j < count; ++j) {
-    for (std::size_t i = 0; i < K; ++i) counts[i] += (static_cast<std::uint64_t>(d[j]) >> t[i]) != 0 ? 1u : 0u;
+    for (std::size_t i = 0; i < K; ++i)
+      counts[i] += (static_cast<std::uint64_t>(d[j]) >> t[i]) != 0 ? 1u : 0u;
   }
 }
 
@@ -150,7 +157,8 @@ void count_wider_fixed(const I* d, std::size_t count, const unsigned* t, std::ui
 // thresholds below the gap width. One pass with the counters in registers (a histogram in
 // memory would serialise on store-to-load forwarding when neighbouring gaps share a width).
 template <class I, class Arch>
-void count_wider(const I* d, std::size_t count, const unsigned* t, std::size_t k, std::uint32_t* counts) noexcept {
+void count_wider(const I* d, std::size_t count, const unsigned* t, std::size_t k,
+                 std::uint32_t* counts) noexcept {
   switch (k) {
     case 1: count_wider_fixed<1, I, Arch>(d, count, t, counts); return;
     case 2: count_wider_fixed<2, I, Arch>(d, count, t, counts); return;
@@ -188,8 +196,9 @@ inline constexpr set_bit_positions set_bit_position_table = make_set_bit_positio
 // and a movemask per vector of 8 (or 4) gaps, whose positions come from a table and are stored
 // 8 bytes at a time; elsewhere a branch-free scalar loop. (Branching per gap or per vector
 // would mispredict whenever exceptions are scattered.)
-template <class I>
-std::size_t exception_positions(const I* d, std::size_t count, unsigned b, std::uint8_t* pos) noexcept {
+template <class I, class Arch = xsimd::default_arch>
+std::size_t exception_positions(const I* d, std::size_t count, unsigned b,
+                                std::uint8_t* pos) noexcept {
   std::size_t q = 0;
   std::size_t j = 0;
   // Adds j to every byte of a table entry (j + 7 < 256: no carries between bytes).
@@ -198,28 +207,34 @@ std::size_t exception_positions(const I* d, std::size_t count, unsigned b, std::
     store_le<std::uint64_t>(reinterpret_cast<std::byte*>(pos + q), packed);
     q += static_cast<std::size_t>(std::popcount(m));
   };
-#if defined(__AVX2__) || defined(__SSE2__)
-  if constexpr (sizeof(I) == 4) {
-    // Unsigned d > 2^b - 1, as a signed compare after flipping the sign bits.
-    const std::uint32_t limit = low_mask32(b) ^ 0x80000000u;
-#if defined(__AVX2__)
+  constexpr lane_isa isa = lane_isa_of<Arch>();
+  // Unsigned d > 2^b - 1, as a signed compare after flipping the sign bits.
+  const std::uint32_t limit = low_mask32(b) ^ 0x80000000u;
+  if constexpr (sizeof(I) == 4 && (isa == lane_isa::avx2 || isa == lane_isa::avx512)) {
+#if STELLATRAIN_X86_INTRINSICS
     const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
     const __m256i lim = _mm256_set1_epi32(static_cast<int>(limit));
     for (; j + 8 <= count; j += 8) {
-      const __m256i v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + j)), sign);
-      store_positions(static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(v, lim)))));
+      const __m256i v =
+          _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + j)), sign);
+      store_positions(static_cast<unsigned>(
+          _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(v, lim)))));
     }
-#else
+#endif
+  } else if constexpr (sizeof(I) == 4 && (isa == lane_isa::sse2 || isa == lane_isa::avx)) {
+#if STELLATRAIN_X86_INTRINSICS
     const __m128i sign = _mm_set1_epi32(static_cast<int>(0x80000000u));
     const __m128i lim = _mm_set1_epi32(static_cast<int>(limit));
     for (; j + 4 <= count; j += 4) {
-      const __m128i v = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + j)), sign);
-      store_positions(static_cast<unsigned>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(v, lim)))));
+      const __m128i v =
+          _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + j)), sign);
+      store_positions(
+          static_cast<unsigned>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(v, lim)))));
     }
 #endif
   }
-#endif
   (void)store_positions;
+  (void)limit;
   for (; j < count; ++j) {
     pos[q] = static_cast<std::uint8_t>(j);
     q += (static_cast<std::uint64_t>(d[j]) >> b) != 0 ? 1 : 0;
@@ -238,15 +253,16 @@ std::size_t exception_positions(const I* d, std::size_t count, unsigned b, std::
 // matter for geometric gaps of mean g, whose optimum lies near log2(g) + 1.85: the widths of
 // about g/2, g, 2g and 4g, and w_max itself (no exceptions).
 template <class I, class Arch>
-std::size_t encode_block(const I* d, std::size_t count, I any, std::uint64_t gap_sum, std::byte* out,
-                         std::uint64_t& varint_total) noexcept {
+std::size_t encode_block(const I* d, std::size_t count, I any, std::uint64_t gap_sum,
+                         std::byte* out, std::uint64_t& varint_total) noexcept {
   constexpr unsigned gap_bits = sizeof(I) * 8;
   const unsigned wmax = static_cast<unsigned>(std::bit_width(any));
   const unsigned b_hi = std::min(wmax, wire::max_block_bits);
   unsigned candidates[wire::max_block_bits + 1];
   std::size_t n_candidates = 0;
   if (count < wire::block_elements || wmax <= 8) {
-    for (unsigned b = b_hi + 1; b-- > 0;) candidates[n_candidates++] = b;  // ties: the wider (fewer exceptions)
+    // Widest first: ties go to the wider width (fewer exceptions).
+    for (unsigned b = b_hi + 1; b-- > 0;) candidates[n_candidates++] = b;
   } else {
     const auto mean_bits = static_cast<unsigned>(std::bit_width(gap_sum / count));
     candidates[n_candidates++] = b_hi;
@@ -314,12 +330,13 @@ std::size_t encode_block(const I* d, std::size_t count, I any, std::uint64_t gap
   p += block_low_bytes(count, b);
   if (exceptions != 0 && b < gap_bits) {
     std::uint8_t positions[wire::block_elements + 8];
-    const std::size_t found = exception_positions(d, count, b, positions);
+    const std::size_t found = exception_positions<I, Arch>(d, count, b, positions);
     STELLATRAIN_ASSERT(found == exceptions, "exception count");
     (void)found;
     std::memcpy(p, positions, exceptions);
     std::byte* high = p + exceptions;
-    for (std::size_t q = 0; q < exceptions; ++q) high = write_varint(high, static_cast<std::uint64_t>(d[positions[q]]) >> b);
+    for (std::size_t q = 0; q < exceptions; ++q)
+      high = write_varint(high, static_cast<std::uint64_t>(d[positions[q]]) >> b);
     p = high;
   }
   return static_cast<std::size_t>(p - out);
@@ -328,7 +345,8 @@ std::size_t encode_block(const I* d, std::size_t count, I any, std::uint64_t gap
 /// Encodes `count` indices (strictly ascending, the first >= base) as one delta_bitpacked
 /// chunk at `out` (room for `bitpacked_chunk_bound<I>(count)` bytes).
 template <class I, class Arch = xsimd::default_arch>
-chunk_encoding encode_bitpacked_chunk(const I* idx, std::size_t count, std::uint64_t base, std::byte* out) noexcept {
+chunk_encoding encode_bitpacked_chunk(const I* idx, std::size_t count, std::uint64_t base,
+                                      std::byte* out) noexcept {
   chunk_encoding r;
   alignas(64) I d[wire::block_elements];
   std::uint64_t b0 = base;
@@ -362,7 +380,8 @@ chunk_encoding encode_bitpacked_chunk(const I* idx, std::size_t count, std::uint
 
 /// Encodes `count` indices as one delta_varint chunk.
 template <class I>
-chunk_encoding encode_varint_chunk(const I* idx, std::size_t count, std::uint64_t base, std::byte* out) noexcept {
+chunk_encoding encode_varint_chunk(const I* idx, std::size_t count, std::uint64_t base,
+                                   std::byte* out) noexcept {
   chunk_encoding r;
   std::byte* p = out;
   std::uint64_t expect = base;
@@ -387,7 +406,8 @@ chunk_encoding encode_varint_chunk(const I* idx, std::size_t count, std::uint64_
 /// First position j in [0, count) where idx[j] does not lie above idx[j - 1] (or, for j = 0,
 /// below `base`), or no_position.
 template <class I>
-[[nodiscard]] std::uint64_t first_not_ascending(const I* idx, std::size_t count, std::uint64_t base) noexcept {
+[[nodiscard]] std::uint64_t first_not_ascending(const I* idx, std::size_t count,
+                                                std::uint64_t base) noexcept {
   if (count == 0) return no_position;
   if (idx[0] < base) return 0;
   // Vectorizable screen first; the position is searched only when something is wrong.
@@ -409,14 +429,15 @@ template <class I>
 /// With Out = void nothing is stored. Fails on any structural error or when an index would
 /// pass 2^64 - 1.
 template <class Out, class Arch = xsimd::default_arch>
-bool decode_bitpacked_chunk(const std::byte*& p, const std::byte* end, std::uint64_t count, std::uint64_t& base,
-                            Out* out, codec_failure& f) {
+bool decode_bitpacked_chunk(const std::byte*& p, const std::byte* end, std::uint64_t count,
+                            std::uint64_t& base, Out* out, codec_failure& f) {
   alignas(64) std::uint32_t low[wire::block_elements];
   std::uint8_t pos[wire::block_elements];
   std::uint64_t high[wire::block_elements];
   const std::byte* const chunk_start = p;
   for (std::uint64_t begin = 0; begin < count; begin += wire::block_elements) {
-    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(wire::block_elements, count - begin));
+    const auto n =
+        static_cast<std::size_t>(std::min<std::uint64_t>(wire::block_elements, count - begin));
     auto where = [&] {
       return "block at byte " + std::to_string(p - chunk_start) + " of its chunk (indices " +
              std::to_string(begin) + ".." + std::to_string(begin + n - 1) + " of the chunk)";
@@ -427,11 +448,13 @@ bool decode_bitpacked_chunk(const std::byte*& p, const std::byte* end, std::uint
     const unsigned b = std::to_integer<unsigned>(p[0]);
     const std::size_t e = load_le<std::uint16_t>(p + 1);
     if (b > wire::max_block_bits) {
-      return fail(f, errc::malformed_message, where() + ": bit width " + std::to_string(b) + " > 32");
+      return fail(f, errc::malformed_message,
+                  where() + ": bit width " + std::to_string(b) + " > 32");
     }
     if (e > n) {
-      return fail(f, errc::malformed_message, where() + ": " + std::to_string(e) + " exceptions for " +
-                                                  std::to_string(n) + " gaps");
+      return fail(
+          f, errc::malformed_message,
+          where() + ": " + std::to_string(e) + " exceptions for " + std::to_string(n) + " gaps");
     }
     p += wire::block_header_bytes;
     const std::size_t low_bytes = block_low_bytes(n, b);
@@ -447,17 +470,20 @@ bool decode_bitpacked_chunk(const std::byte*& p, const std::byte* end, std::uint
     for (std::size_t q = 0; q < e; ++q) {
       pos[q] = std::to_integer<std::uint8_t>(p[q]);
       if (pos[q] >= n || (q > 0 && pos[q] <= pos[q - 1])) {
-        return fail(f, errc::malformed_message, where() + ": exception positions not ascending within the block");
+        return fail(f, errc::malformed_message,
+                    where() + ": exception positions not ascending within the block");
       }
     }
     p += e;
     for (std::size_t q = 0; q < e; ++q) {
       std::uint64_t hv = 0;
       const std::byte* next = read_varint(p, end, hv);
-      if (next == nullptr) return fail(f, errc::malformed_message, where() + ": malformed exception varint");
+      if (next == nullptr)
+        return fail(f, errc::malformed_message, where() + ": malformed exception varint");
       if (hv == 0 || (b > 0 && (hv >> (64 - b)) != 0)) {
-        return fail(f, errc::malformed_message, where() + ": exception high bits " + std::to_string(hv) +
-                                                    " do not fit a 64-bit gap above " + std::to_string(b) + " bits");
+        return fail(f, errc::malformed_message,
+                    where() + ": exception high bits " + std::to_string(hv) +
+                        " do not fit a 64-bit gap above " + std::to_string(b) + " bits");
       }
       high[q] = hv << b;
       p = next;
@@ -501,20 +527,22 @@ bool decode_bitpacked_chunk(const std::byte*& p, const std::byte* end, std::uint
 
 /// Decodes `count` varint gaps from [p, end) starting at `base` (as decode_bitpacked_chunk).
 template <class Out>
-bool decode_varint_chunk(const std::byte*& p, const std::byte* end, std::uint64_t count, std::uint64_t& base,
-                         Out* out, codec_failure& f) {
+bool decode_varint_chunk(const std::byte*& p, const std::byte* end, std::uint64_t count,
+                         std::uint64_t& base, Out* out, codec_failure& f) {
   const std::byte* const chunk_start = p;
   for (std::uint64_t j = 0; j < count; ++j) {
     std::uint64_t d = 0;
     const std::byte* next = read_varint(p, end, d);
     if (next == nullptr) {
-      return fail(f, errc::malformed_message, "varint " + std::to_string(j) + " of its chunk at byte " +
-                                                  std::to_string(p - chunk_start) +
-                                                  " is truncated, longer than 64 bits or not canonical");
+      return fail(f, errc::malformed_message,
+                  "varint " + std::to_string(j) + " of its chunk at byte " +
+                      std::to_string(p - chunk_start) +
+                      " is truncated, longer than 64 bits or not canonical");
     }
     std::uint64_t x = 0;
     if (__builtin_add_overflow(base, d, &x) || x == std::numeric_limits<std::uint64_t>::max()) {
-      return fail(f, errc::out_of_range, "varint " + std::to_string(j) + " of its chunk: index passes 2^64");
+      return fail(f, errc::out_of_range,
+                  "varint " + std::to_string(j) + " of its chunk: index passes 2^64");
     }
     if constexpr (!std::is_void_v<Out>) out[j] = static_cast<Out>(x);
     base = x + 1;
@@ -554,7 +582,8 @@ void decode_raw(const std::byte* p, std::size_t count, Out* out) noexcept {
   if constexpr (sizeof(W) == sizeof(Out) && std::endian::native == std::endian::little) {
     std::memcpy(out, p, count * sizeof(Out));
   } else {
-    for (std::size_t j = 0; j < count; ++j) out[j] = static_cast<Out>(load_le<W>(p + j * sizeof(W)));
+    for (std::size_t j = 0; j < count; ++j)
+      out[j] = static_cast<Out>(load_le<W>(p + j * sizeof(W)));
   }
 }
 
@@ -563,7 +592,8 @@ void encode_raw(const I* idx, std::size_t count, std::byte* out) noexcept {
   if constexpr (sizeof(W) == sizeof(I) && std::endian::native == std::endian::little) {
     std::memcpy(out, idx, count * sizeof(I));
   } else {
-    for (std::size_t j = 0; j < count; ++j) store_le<W>(out + j * sizeof(W), static_cast<W>(idx[j]));
+    for (std::size_t j = 0; j < count; ++j)
+      store_le<W>(out + j * sizeof(W), static_cast<W>(idx[j]));
   }
 }
 
@@ -571,16 +601,18 @@ void encode_raw(const I* idx, std::size_t count, std::byte* out) noexcept {
 [[nodiscard]] inline std::uint64_t popcount_bytes(const std::byte* p, std::size_t bytes) noexcept {
   std::uint64_t c = 0;
   std::size_t i = 0;
-  for (; i + 8 <= bytes; i += 8) c += static_cast<std::uint64_t>(std::popcount(load_le<std::uint64_t>(p + i)));
-  for (; i < bytes; ++i) c += static_cast<std::uint64_t>(std::popcount(std::to_integer<std::uint8_t>(p[i])));
+  for (; i + 8 <= bytes; i += 8)
+    c += static_cast<std::uint64_t>(std::popcount(load_le<std::uint64_t>(p + i)));
+  for (; i < bytes; ++i)
+    c += static_cast<std::uint64_t>(std::popcount(std::to_integer<std::uint8_t>(p[i])));
   return c;
 }
 
 /// Writes the indices of the set bits of bitmap bytes [first_byte, last_byte) to out (the
 /// bitmap starts at `bitmap`); returns how many were written.
 template <class Out>
-std::uint64_t decode_bitmap_range(const std::byte* bitmap, std::uint64_t first_byte, std::uint64_t last_byte,
-                                  Out* out) noexcept {
+std::uint64_t decode_bitmap_range(const std::byte* bitmap, std::uint64_t first_byte,
+                                  std::uint64_t last_byte, Out* out) noexcept {
   std::uint64_t c = 0;
   std::uint64_t i = first_byte;
   for (; i + 8 <= last_byte; i += 8) {
