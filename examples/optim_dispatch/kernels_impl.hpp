@@ -5,7 +5,7 @@
 
 #include "optim_kernels.hpp"
 
-#include <stellatrain/optim/detail/value_convert.hpp>
+#include <stellatrain/core/detail/value_convert.hpp>
 
 #include <bit>
 #include <cstring>
@@ -21,9 +21,10 @@ stellatrain::step_report adam_dense(stellatrain::adam_optimizer& opt, std::size_
 }
 
 template <class Arch>
-stellatrain::step_report adam_sparse(stellatrain::adam_optimizer& opt, std::size_t tensor,
-                                     stellatrain::sparse_view<const float, const std::uint32_t> grad,
-                                     stellatrain::thread_pool& pool) {
+stellatrain::step_report adam_sparse(
+    stellatrain::adam_optimizer& opt, std::size_t tensor,
+    stellatrain::sparse_view<const float, const std::uint32_t> grad,
+    stellatrain::thread_pool& pool) {
   return opt.step<Arch>(tensor, grad, pool);
 }
 
@@ -36,7 +37,8 @@ std::size_t conversion_mismatches_of() {
   Half in[w];
   Half out[w];
   for (std::uint32_t base = 0; base < 65536; base += w) {
-    for (std::size_t k = 0; k < w; ++k) in[k] = Half::from_bits(static_cast<std::uint16_t>(base + k));
+    for (std::size_t k = 0; k < w; ++k)
+      in[k] = Half::from_bits(static_cast<std::uint16_t>(base + k));
     const batch x = stellatrain::detail::load_as_float<Arch>(in);
     x.store_aligned(lanes);
     for (std::size_t k = 0; k < w; ++k) {
@@ -46,7 +48,8 @@ std::size_t conversion_mismatches_of() {
     // Round trip through float and halfway points between neighbours (ties to even).
     for (std::size_t k = 0; k < w; ++k) {
       const auto b = std::bit_cast<std::uint32_t>(lanes[k]);
-      lanes[k] = std::bit_cast<float>(k % 2 == 0 ? b : b + (std::is_same_v<Half, stellatrain::bf16> ? 0x8000u : 0x1000u));
+      lanes[k] = std::bit_cast<float>(
+          k % 2 == 0 ? b : b + (std::is_same_v<Half, stellatrain::bf16> ? 0x8000u : 0x1000u));
     }
     stellatrain::detail::store_from_float<Arch>(out, batch::load_aligned(lanes));
     for (std::size_t k = 0; k < w; ++k) bad += out[k].bits() == Half(lanes[k]).bits() ? 0 : 1;
@@ -56,12 +59,14 @@ std::size_t conversion_mismatches_of() {
 
 template <class Arch>
 std::size_t conversion_mismatches() {
-  return conversion_mismatches_of<Arch, stellatrain::fp16>() + conversion_mismatches_of<Arch, stellatrain::bf16>();
+  return conversion_mismatches_of<Arch, stellatrain::fp16>() +
+         conversion_mismatches_of<Arch, stellatrain::bf16>();
 }
 
 template <class Arch>
 const optim_kernels* table(const char* isa) {
-  static const optim_kernels k{isa, &adam_dense<Arch>, &adam_sparse<Arch>, &conversion_mismatches<Arch>};
+  static const optim_kernels k{isa, &adam_dense<Arch>, &adam_sparse<Arch>,
+                               &conversion_mismatches<Arch>};
   return &k;
 }
 

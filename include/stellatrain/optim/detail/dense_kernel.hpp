@@ -4,8 +4,8 @@
 #pragma once
 
 #include <stellatrain/config.hpp>
+#include <stellatrain/core/detail/value_convert.hpp>
 #include <stellatrain/optim/detail/tensor_state.hpp>
-#include <stellatrain/optim/detail/value_convert.hpp>
 
 #include <xsimd/xsimd.hpp>
 

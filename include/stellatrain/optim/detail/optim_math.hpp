@@ -5,6 +5,7 @@
 #pragma once
 
 #include <stellatrain/config.hpp>
+#include <stellatrain/core/detail/isa_compat.hpp>
 
 #include <xsimd/xsimd.hpp>
 
@@ -14,9 +15,19 @@
 namespace stellatrain::detail {
 
 STELLATRAIN_FORCE_INLINE float vsqrt(float x) noexcept { return std::sqrt(x); }
+// On AVX-512 the zero-masked forms with every lane set: GCC 12 warns (wrongly, bug 105593)
+// inside the unmasked intrinsics that xsimd calls.
 template <class Arch>
-STELLATRAIN_FORCE_INLINE xsimd::batch<float, Arch> vsqrt(const xsimd::batch<float, Arch>& x) noexcept {
-  return xsimd::sqrt(x);  // vsqrtps: no errno, no -fno-math-errno needed
+STELLATRAIN_FORCE_INLINE xsimd::batch<float, Arch> vsqrt(
+    const xsimd::batch<float, Arch>& x) noexcept {
+  // vsqrtps: no errno, no -fno-math-errno needed
+  if constexpr (lane_isa_of<Arch>() == lane_isa::avx512) {
+#if STELLATRAIN_X86_INTRINSICS
+    return _mm512_maskz_sqrt_ps(static_cast<__mmask16>(0xffff), x);
+#endif
+  } else {
+    return xsimd::sqrt(x);
+  }
 }
 
 STELLATRAIN_FORCE_INLINE float elementwise_max(float a, float b) noexcept {
@@ -24,9 +35,15 @@ STELLATRAIN_FORCE_INLINE float elementwise_max(float a, float b) noexcept {
   return a < b ? b : a;
 }
 template <class Arch>
-STELLATRAIN_FORCE_INLINE xsimd::batch<float, Arch> elementwise_max(const xsimd::batch<float, Arch>& a,
-                                                        const xsimd::batch<float, Arch>& b) noexcept {
-  return xsimd::max(a, b);
+STELLATRAIN_FORCE_INLINE xsimd::batch<float, Arch> elementwise_max(
+    const xsimd::batch<float, Arch>& a, const xsimd::batch<float, Arch>& b) noexcept {
+  if constexpr (lane_isa_of<Arch>() == lane_isa::avx512) {
+#if STELLATRAIN_X86_INTRINSICS
+    return _mm512_maskz_max_ps(static_cast<__mmask16>(0xffff), a, b);
+#endif
+  } else {
+    return xsimd::max(a, b);
+  }
 }
 
 // ------------------------------------------------------------------------------- SGD
