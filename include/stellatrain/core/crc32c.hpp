@@ -4,19 +4,17 @@
 #pragma once
 
 #include <stellatrain/config.hpp>
+#include <stellatrain/core/detail/cpu_dispatch.hpp>
+#include <stellatrain/core/detail/isa_compat.hpp>
+
+#include <xsimd/xsimd.hpp>
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
-
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#include <nmmintrin.h>
-#define STELLATRAIN_CRC32C_X86 1
-#else
-#define STELLATRAIN_CRC32C_X86 0
-#endif
+#include <type_traits>
 
 namespace stellatrain {
 
@@ -100,7 +98,8 @@ constexpr crc32c_shift_table make_crc32c_shift_table(std::uint64_t bytes) noexce
   return t;
 }
 
-STELLATRAIN_FORCE_INLINE std::uint32_t crc32c_shift(const crc32c_shift_table& t, std::uint32_t r) noexcept {
+STELLATRAIN_FORCE_INLINE std::uint32_t crc32c_shift(const crc32c_shift_table& t,
+                                                    std::uint32_t r) noexcept {
   return t.table[0][r & 0xffu] ^ t.table[1][(r >> 8) & 0xffu] ^ t.table[2][(r >> 16) & 0xffu] ^
          t.table[3][r >> 24];
 }
@@ -121,7 +120,8 @@ inline std::uint64_t crc32c_load64(const unsigned char* p) noexcept {
 
 // Portable update of a raw (not inverted) register, slicing by 8. Reads the bytes as little-endian
 // 32-bit words, so it also runs on big-endian hosts (where it byte-swaps).
-inline std::uint32_t crc32c_update_software(std::uint32_t crc, const unsigned char* p, std::size_t n) noexcept {
+inline std::uint32_t crc32c_update_software(std::uint32_t crc, const unsigned char* p,
+                                            std::size_t n) noexcept {
   const auto& t = crc32c_tables.table;
   auto le32 = [](const unsigned char* q) {
     return static_cast<std::uint32_t>(q[0]) | (static_cast<std::uint32_t>(q[1]) << 8) |
@@ -139,12 +139,17 @@ inline std::uint32_t crc32c_update_software(std::uint32_t crc, const unsigned ch
   return crc;
 }
 
-#if STELLATRAIN_CRC32C_X86
+#if STELLATRAIN_X86_INTRINSICS
+
+// The crc32 instruction's kernels are templates on the architecture that calls them only so
+// that units built for different instruction sets never share one copy (the linker keeps one
+// of each inline function, and a unit's copy may use all its instruction sets).
 
 // One lane of the crc32 instruction over n bytes (any n).
-__attribute__((target("sse4.2"))) inline std::uint32_t crc32c_lane_hardware(std::uint32_t crc,
-                                                                           const unsigned char* p,
-                                                                           std::size_t n) noexcept {
+template <class Arch>
+STELLATRAIN_TARGET("sse4.2")
+inline std::uint32_t crc32c_lane_hardware(std::uint32_t crc, const unsigned char* p,
+                                          std::size_t n) noexcept {
 #if defined(__x86_64__)
   std::uint64_t c = crc;
   for (; n >= 8; n -= 8, p += 8) c = _mm_crc32_u64(c, crc32c_load64(p));
@@ -160,8 +165,8 @@ __attribute__((target("sse4.2"))) inline std::uint32_t crc32c_lane_hardware(std:
 }
 
 // Three lanes of `lane` bytes each, interleaved, joined into one register.
-template <std::size_t Lane>
-__attribute__((target("sse4.2"))) STELLATRAIN_FORCE_INLINE std::uint32_t crc32c_stripe_hardware(
+template <class Arch, std::size_t Lane>
+STELLATRAIN_TARGET("sse4.2") STELLATRAIN_FORCE_INLINE std::uint32_t crc32c_stripe_hardware(
     std::uint32_t crc, const unsigned char* p, const crc32c_shift_table& shift) noexcept {
 #if defined(__x86_64__)
   std::uint64_t a = crc, b = 0, c = 0;
@@ -170,37 +175,47 @@ __attribute__((target("sse4.2"))) STELLATRAIN_FORCE_INLINE std::uint32_t crc32c_
     b = _mm_crc32_u64(b, crc32c_load64(p + Lane + i));
     c = _mm_crc32_u64(c, crc32c_load64(p + 2 * Lane + i));
   }
-  const std::uint32_t ab = crc32c_shift(shift, static_cast<std::uint32_t>(a)) ^ static_cast<std::uint32_t>(b);
+  const std::uint32_t ab =
+      crc32c_shift(shift, static_cast<std::uint32_t>(a)) ^ static_cast<std::uint32_t>(b);
   return crc32c_shift(shift, ab) ^ static_cast<std::uint32_t>(c);
 #else
   (void)shift;
-  return crc32c_lane_hardware(crc, p, 3 * Lane);
+  return crc32c_lane_hardware<Arch>(crc, p, 3 * Lane);
 #endif
 }
 
-__attribute__((target("sse4.2"))) inline std::uint32_t crc32c_update_hardware(std::uint32_t crc,
-                                                                             const unsigned char* p,
-                                                                             std::size_t n) noexcept {
+template <class Arch>
+STELLATRAIN_TARGET("sse4.2")
+inline std::uint32_t crc32c_update_hardware(std::uint32_t crc, const unsigned char* p,
+                                            std::size_t n) noexcept {
   for (; n >= 3 * crc32c_long_lane; n -= 3 * crc32c_long_lane, p += 3 * crc32c_long_lane) {
-    crc = crc32c_stripe_hardware<crc32c_long_lane>(crc, p, crc32c_long_shift);
+    crc = crc32c_stripe_hardware<Arch, crc32c_long_lane>(crc, p, crc32c_long_shift);
   }
   for (; n >= 3 * crc32c_short_lane; n -= 3 * crc32c_short_lane, p += 3 * crc32c_short_lane) {
-    crc = crc32c_stripe_hardware<crc32c_short_lane>(crc, p, crc32c_short_shift);
+    crc = crc32c_stripe_hardware<Arch, crc32c_short_lane>(crc, p, crc32c_short_shift);
   }
-  return crc32c_lane_hardware(crc, p, n);
+  return crc32c_lane_hardware<Arch>(crc, p, n);
 }
 
 #endif
 
-/// True when this CPU runs the SSE4.2 crc32 instruction (checked once per call, cheaply).
-[[nodiscard]] inline bool crc32c_hardware_available() noexcept {
-#if STELLATRAIN_CRC32C_X86 && defined(__SSE4_2__)
-  return true;
-#elif STELLATRAIN_CRC32C_X86
-  return __builtin_cpu_supports("sse4.2");
-#else
-  return false;
+// Whether the kernel of `Arch` has the crc32 instruction: SSE4.2 and every AVX family.
+template <class Arch>
+inline constexpr bool arch_has_crc32 =
+    STELLATRAIN_X86_INTRINSICS &&
+    (lane_isa_of<Arch>() >= lane_isa::avx || std::is_base_of_v<xsimd::sse4_2, Arch>);
+
+// Advances a raw (not inverted) register over n bytes, with the crc32 instruction where `Arch`
+// has it.
+template <class Arch>
+std::uint32_t crc32c_update(std::uint32_t crc, const unsigned char* p, std::size_t n) noexcept {
+  if constexpr (arch_has_crc32<Arch>) {
+#if STELLATRAIN_X86_INTRINSICS
+    return crc32c_update_hardware<Arch>(crc, p, n);
 #endif
+  } else {
+    return crc32c_update_software(crc, p, n);
+  }
 }
 
 /// `crc32c` on the portable path only (the oracle of the tests).
@@ -226,12 +241,13 @@ __attribute__((target("sse4.2"))) inline std::uint32_t crc32c_update_hardware(st
 ///   auto part = stellatrain::crc32c(std::span(digits).first(4));
 ///   auto same = stellatrain::crc32c(std::span(digits).subspan(4), part);  // == crc
 /// \endcode
-[[nodiscard]] inline std::uint32_t crc32c(std::span<const std::byte> data, std::uint32_t seed = 0) noexcept {
+[[nodiscard]] inline std::uint32_t crc32c(std::span<const std::byte> data,
+                                          std::uint32_t seed = 0) noexcept {
   const auto* p = reinterpret_cast<const unsigned char*>(data.data());
-#if STELLATRAIN_CRC32C_X86
-  if (detail::crc32c_hardware_available()) return ~detail::crc32c_update_hardware(~seed, p, data.size());
-#endif
-  return ~detail::crc32c_update_software(~seed, p, data.size());
+  // Units built for less than SSE4.2 (plain x86-64) still use it where the CPU has it.
+  return ~detail::dispatch_arch<xsimd::default_arch, xsimd::sse4_2>([&](auto arch) {
+    return detail::crc32c_update<decltype(arch)>(~seed, p, data.size());
+  });
 }
 
 }  // namespace stellatrain
