@@ -6,8 +6,15 @@
 #include <xsimd/xsimd.hpp>
 
 #include <cstddef>
+#include <type_traits>
 
 namespace stellatrain::detail {
+
+/// Whether `xsimd::swizzle` of 32-bit lanes exists for `Arch`: xsimd 8 has none for plain AVX
+/// (only from AVX2 on).
+template <class Arch>
+inline constexpr bool has_swizzle32 =
+    !std::is_base_of_v<xsimd::avx, Arch> || std::is_base_of_v<xsimd::avx2, Arch>;
 
 /// Sum of the lanes of a batch: `hadd` before xsimd 9, `reduce_add` from 9 on.
 template <class T, class Arch>

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <stellatrain/config.hpp>
+#include <stellatrain/core/detail/xsimd_compat.hpp>
 #include <stellatrain/pack/wire_format.hpp>
 
 #include <xsimd/xsimd.hpp>
@@ -38,7 +39,8 @@ inline void pack_vertical_scalar(const std::uint32_t* v, unsigned b, std::byte* 
       acc |= static_cast<std::uint64_t>(v[s * vertical_lanes + lane] & low_mask32(b)) << fill;
       fill += b;
       if (fill >= 32) {
-        store_le<std::uint32_t>(out + (word * vertical_lanes + lane) * 4, static_cast<std::uint32_t>(acc));
+        store_le<std::uint32_t>(out + (word * vertical_lanes + lane) * 4,
+                                static_cast<std::uint32_t>(acc));
         acc >>= 32;
         fill -= 32;
         ++word;
@@ -60,7 +62,8 @@ inline void unpack_vertical_scalar(const std::byte* in, unsigned b, std::uint32_
       const unsigned shift = static_cast<unsigned>(bit % 32);
       std::uint64_t x = load_le<std::uint32_t>(in + (word * vertical_lanes + lane) * 4) >> shift;
       if (shift + b > 32) {
-        x |= static_cast<std::uint64_t>(load_le<std::uint32_t>(in + ((word + 1) * vertical_lanes + lane) * 4))
+        x |= static_cast<std::uint64_t>(
+                 load_le<std::uint32_t>(in + ((word + 1) * vertical_lanes + lane) * 4))
              << (32 - shift);
       }
       v[s * vertical_lanes + lane] = static_cast<std::uint32_t>(x) & mask;
@@ -107,8 +110,8 @@ STELLATRAIN_FORCE_INLINE void pack_slot(const std::uint32_t* v, std::uint32_t* w
 }
 
 template <unsigned B, class Arch, std::size_t... S>
-STELLATRAIN_FORCE_INLINE void pack_lanes(const std::uint32_t* v, std::uint32_t* words, std::size_t h,
-                                         std::index_sequence<S...>) noexcept {
+STELLATRAIN_FORCE_INLINE void pack_lanes(const std::uint32_t* v, std::uint32_t* words,
+                                         std::size_t h, std::index_sequence<S...>) noexcept {
   xsimd::batch<std::uint32_t, Arch> acc(0u);
   (pack_slot<B, Arch, S>(v, words, h, acc), ...);
 }
@@ -118,13 +121,15 @@ void pack_vertical_fixed(const std::uint32_t* v, std::byte* out) noexcept {
   if constexpr (B > 0) {
     auto* words = reinterpret_cast<std::uint32_t*>(out);
     for (std::size_t h = 0; h < vertical_lanes; h += xsimd::batch<std::uint32_t, Arch>::size) {
-      pack_lanes<B, Arch>(v, words, h, std::make_index_sequence<wire::block_elements / vertical_lanes>());
+      pack_lanes<B, Arch>(v, words, h,
+                          std::make_index_sequence<wire::block_elements / vertical_lanes>());
     }
   }
 }
 
 template <unsigned B, class Arch, std::size_t S>
-STELLATRAIN_FORCE_INLINE void unpack_slot(const std::uint32_t* words, std::uint32_t* v, std::size_t h) noexcept {
+STELLATRAIN_FORCE_INLINE void unpack_slot(const std::uint32_t* words, std::uint32_t* v,
+                                          std::size_t h) noexcept {
   using batch = xsimd::batch<std::uint32_t, Arch>;
   constexpr unsigned first = static_cast<unsigned>(S) * B;
   constexpr unsigned shift = first % 32;
@@ -132,15 +137,16 @@ STELLATRAIN_FORCE_INLINE void unpack_slot(const std::uint32_t* words, std::uint3
   batch x = batch::load_unaligned(words + word * vertical_lanes + h);
   if constexpr (shift != 0) x = x >> static_cast<std::int32_t>(shift);
   if constexpr (shift + B > 32) {
-    x = x | (batch::load_unaligned(words + (word + 1) * vertical_lanes + h) << static_cast<std::int32_t>(32 - shift));
+    x = x | (batch::load_unaligned(words + (word + 1) * vertical_lanes + h)
+             << static_cast<std::int32_t>(32 - shift));
   }
   if constexpr (B < 32) x = x & batch(low_mask32(B));
   x.store_unaligned(v + S * vertical_lanes + h);
 }
 
 template <unsigned B, class Arch, std::size_t... S>
-STELLATRAIN_FORCE_INLINE void unpack_lanes(const std::uint32_t* words, std::uint32_t* v, std::size_t h,
-                                           std::index_sequence<S...>) noexcept {
+STELLATRAIN_FORCE_INLINE void unpack_lanes(const std::uint32_t* words, std::uint32_t* v,
+                                           std::size_t h, std::index_sequence<S...>) noexcept {
   (unpack_slot<B, Arch, S>(words, v, h), ...);
 }
 
@@ -151,7 +157,8 @@ void unpack_vertical_fixed(const std::byte* in, std::uint32_t* v) noexcept {
   } else {
     const auto* words = reinterpret_cast<const std::uint32_t*>(in);
     for (std::size_t h = 0; h < vertical_lanes; h += xsimd::batch<std::uint32_t, Arch>::size) {
-      unpack_lanes<B, Arch>(words, v, h, std::make_index_sequence<wire::block_elements / vertical_lanes>());
+      unpack_lanes<B, Arch>(words, v, h,
+                            std::make_index_sequence<wire::block_elements / vertical_lanes>());
     }
   }
 }
@@ -159,7 +166,8 @@ void unpack_vertical_fixed(const std::byte* in, std::uint32_t* v) noexcept {
 // Calls the instantiation for width b in [Lo, Hi] through a binary tree of comparisons (six
 // levels, predicted well since neighbouring blocks share widths).
 template <class Arch, unsigned Lo, unsigned Hi>
-STELLATRAIN_FORCE_INLINE void pack_vertical_dispatch(unsigned b, const std::uint32_t* v, std::byte* out) noexcept {
+STELLATRAIN_FORCE_INLINE void pack_vertical_dispatch(unsigned b, const std::uint32_t* v,
+                                                     std::byte* out) noexcept {
   if constexpr (Lo == Hi) {
     pack_vertical_fixed<Lo, Arch>(v, out);
   } else {
@@ -173,7 +181,8 @@ STELLATRAIN_FORCE_INLINE void pack_vertical_dispatch(unsigned b, const std::uint
 }
 
 template <class Arch, unsigned Lo, unsigned Hi>
-STELLATRAIN_FORCE_INLINE void unpack_vertical_dispatch(unsigned b, const std::byte* in, std::uint32_t* v) noexcept {
+STELLATRAIN_FORCE_INLINE void unpack_vertical_dispatch(unsigned b, const std::byte* in,
+                                                       std::uint32_t* v) noexcept {
   if constexpr (Lo == Hi) {
     unpack_vertical_fixed<Lo, Arch>(in, v);
   } else {
@@ -210,20 +219,27 @@ void unpack_vertical(const std::byte* in, unsigned b, std::uint32_t* v) noexcept
 // indices of a block from its gaps. Eight (or four) at a time: an in-register prefix sum by
 // three (two) shifted adds, plus the running total of the previous groups.
 template <class Arch>
-void store_indices_u32(const std::uint32_t* g, std::size_t count, std::uint32_t start, std::uint32_t* out) noexcept {
+void store_indices_u32(const std::uint32_t* g, std::size_t count, std::uint32_t start,
+                       std::uint32_t* out) noexcept {
   using batch = xsimd::batch<std::uint32_t, Arch>;
   constexpr std::size_t width = batch::size;
   std::size_t j = 0;
-  if constexpr (vertical_simd<Arch>) {
+  if constexpr (vertical_simd<Arch> && has_swizzle32<Arch>) {
     auto step = [](batch x) {
       // Inclusive prefix sum of the lanes of x.
       if constexpr (width == 8) {
-        const batch one_up = xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 1u, 2u, 3u, 4u, 5u, 6u>());
-        x = x + (one_up & batch(xsimd::batch_constant<batch, 0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u>()));
-        const batch two_up = xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 0u, 1u, 2u, 3u, 4u, 5u>());
-        x = x + (two_up & batch(xsimd::batch_constant<batch, 0u, 0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u>()));
-        const batch four_up = xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 0u, 0u, 0u, 1u, 2u, 3u>());
-        return x + (four_up & batch(xsimd::batch_constant<batch, 0u, 0u, 0u, 0u, ~0u, ~0u, ~0u, ~0u>()));
+        const batch one_up =
+            xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 1u, 2u, 3u, 4u, 5u, 6u>());
+        x = x +
+            (one_up & batch(xsimd::batch_constant<batch, 0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u>()));
+        const batch two_up =
+            xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 0u, 1u, 2u, 3u, 4u, 5u>());
+        x = x +
+            (two_up & batch(xsimd::batch_constant<batch, 0u, 0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u>()));
+        const batch four_up =
+            xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 0u, 0u, 0u, 1u, 2u, 3u>());
+        return x + (four_up &
+                    batch(xsimd::batch_constant<batch, 0u, 0u, 0u, 0u, ~0u, ~0u, ~0u, ~0u>()));
       } else {
         const batch one_up = xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 1u, 2u>());
         x = x + (one_up & batch(xsimd::batch_constant<batch, 0u, ~0u, ~0u, ~0u>()));
@@ -263,7 +279,8 @@ void store_indices_u32(const std::uint32_t* g, std::size_t count, std::uint32_t 
 
 // Horizontal layout: one little-endian bit stream, value j at bits [j*b, j*b + b), the last
 // byte padded with zero bits.
-inline void pack_horizontal(const std::uint32_t* v, std::size_t count, unsigned b, std::byte* out) noexcept {
+inline void pack_horizontal(const std::uint32_t* v, std::size_t count, unsigned b,
+                            std::byte* out) noexcept {
   std::uint64_t acc = 0;
   unsigned fill = 0;
   const std::uint32_t mask = low_mask32(b);
