@@ -6,7 +6,9 @@
 // breaks the build. The selector and lane classes are instantiated explicitly (every member);
 // the function and member templates by `run_kernels<Arch>`, which also runs them on small
 // inputs for the architectures this CPU executes, against the scalar oracle where one exists.
-// (Here rather than in a part of its own: this folder is the one built for every ISA.)
+// (Here rather than in a part of its own: this folder is the one built for every ISA.) Where
+// the AVX2 unit is built too, the AVX-512 unit takes only the AVX-512 architectures
+// (STELLATRAIN_TEST_AVX512_ONLY), so that no architecture is compiled twice for nothing.
 #include <stellatrain/compress/error_feedback.hpp>
 #include <stellatrain/core/crc32c.hpp>
 #include <stellatrain/core/detail/cpu_dispatch.hpp>
@@ -52,6 +54,16 @@ namespace sd = stellatrain::detail;
 template <class Arch>
 inline constexpr bool classes_instantiated = false;
 
+#ifdef STELLATRAIN_TEST_AVX512_ONLY
+#define STELLATRAIN_BELOW_AVX512 0
+template <class Arch>
+inline constexpr bool unit_covers = Arch::version() >= xsimd::avx512f::version();
+#else
+#define STELLATRAIN_BELOW_AVX512 1
+template <class Arch>
+inline constexpr bool unit_covers = true;
+#endif
+
 #define STELLATRAIN_INSTANTIATE_SELECTORS(A)        \
   template class st::exact_topk_selector<A>;        \
   template class st::threshold_selector<A>;         \
@@ -67,37 +79,37 @@ inline constexpr bool classes_instantiated = false;
   template struct sd::lane_ops<A>;
 
 STELLATRAIN_INSTANTIATE_SELECTORS(st::scalar_arch)
-#if XSIMD_WITH_SSE2
+#if XSIMD_WITH_SSE2 && STELLATRAIN_BELOW_AVX512
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::sse2)
 #endif
-#if XSIMD_WITH_SSE3
+#if XSIMD_WITH_SSE3 && STELLATRAIN_BELOW_AVX512
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::sse3)
 #endif
-#if XSIMD_WITH_SSSE3
+#if XSIMD_WITH_SSSE3 && STELLATRAIN_BELOW_AVX512
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::ssse3)
 #endif
-#if XSIMD_WITH_SSE4_1
+#if XSIMD_WITH_SSE4_1 && STELLATRAIN_BELOW_AVX512
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::sse4_1)
 #endif
-#if XSIMD_WITH_SSE4_2
+#if XSIMD_WITH_SSE4_2 && STELLATRAIN_BELOW_AVX512
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::sse4_2)
 #endif
-#if XSIMD_WITH_FMA3_SSE
+#if XSIMD_WITH_FMA3_SSE && STELLATRAIN_BELOW_AVX512
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::fma3<xsimd::sse4_2>)
 #endif
-#if XSIMD_WITH_FMA4
+#if XSIMD_WITH_FMA4 && STELLATRAIN_BELOW_AVX512
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::fma4)
 #endif
-#if XSIMD_WITH_AVX
+#if XSIMD_WITH_AVX && STELLATRAIN_BELOW_AVX512
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx)
 #endif
-#if XSIMD_WITH_FMA3_AVX
+#if XSIMD_WITH_FMA3_AVX && STELLATRAIN_BELOW_AVX512
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::fma3<xsimd::avx>)
 #endif
-#if XSIMD_WITH_AVX2
+#if XSIMD_WITH_AVX2 && STELLATRAIN_BELOW_AVX512
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx2)
 #endif
-#if XSIMD_WITH_FMA3_AVX2
+#if XSIMD_WITH_FMA3_AVX2 && STELLATRAIN_BELOW_AVX512
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::fma3<xsimd::avx2>)
 #endif
 #if XSIMD_WITH_AVX512F
@@ -121,7 +133,7 @@ STELLATRAIN_INSTANTIATE_CLASSES(xsimd::neon64)
 
 // The list above misses none of the architectures xsimd says this unit supports.
 static_assert([]<class... A>(xsimd::arch_list<A...>) {
-  return (classes_instantiated<A> && ...);
+  return ((classes_instantiated<A> || !unit_covers<A>) && ...);
 }(xsimd::supported_architectures{}));
 
 namespace {
@@ -387,10 +399,12 @@ template <class... A>
 std::string run_all(st::thread_pool& pool, const scalar_results& oracle, xsimd::arch_list<A...>) {
   std::string ran;
   auto one = [&]<class Arch>() {
-    if (!sd::cpu_runs<Arch>()) return;
-    INFO("architecture " << Arch::name());
-    run_kernels<Arch>(pool, &oracle);
-    ran += std::string(" ") + Arch::name();
+    if constexpr (unit_covers<Arch>) {
+      if (!sd::cpu_runs<Arch>()) return;
+      INFO("architecture " << Arch::name());
+      run_kernels<Arch>(pool, &oracle);
+      ran += std::string(" ") + Arch::name();
+    }
   };
   (one.template operator()<A>(), ...);
   return ran;
