@@ -44,7 +44,12 @@ void BM_core_bulk_overhead(benchmark::State& state) {
   benchmark::DoNotOptimize(sink.load());
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_core_bulk_overhead)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_core_bulk_overhead)
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 void BM_core_bulk_sequence(benchmark::State& state) {
   const bool awake = state.range(0) != 0;
@@ -69,7 +74,12 @@ void BM_core_bulk_sequence(benchmark::State& state) {
   benchmark::DoNotOptimize(carry);
   state.SetItemsProcessed(state.iterations() * 8);
 }
-BENCHMARK(BM_core_bulk_sequence)->ArgName("awake")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_core_bulk_sequence)
+    ->ArgName("awake")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 }  // namespace
 
@@ -80,10 +90,12 @@ void BM_core_sample_indices(benchmark::State& state) {
   const auto n = static_cast<std::uint64_t>(state.range(0));
   const auto k = static_cast<std::uint64_t>(state.range(1));
   auto out = sb::prefaulted<std::uint32_t>(static_cast<std::size_t>(k));
-  auto ws = sb::prefaulted<std::uint64_t>(static_cast<std::size_t>(stellatrain::sample_indices_workspace_words(n)));
+  auto ws = sb::prefaulted<std::uint64_t>(
+      static_cast<std::size_t>(stellatrain::sample_indices_workspace_words(n)));
   std::uint32_t step = 0;
   for (auto _ : state) {
-    stellatrain::sample_sorted_indices<std::uint32_t>({.seed = 1, .step = step++}, n, k, out.span(), ws.span());
+    stellatrain::sample_sorted_indices<std::uint32_t>({.seed = 1, .step = step++}, n, k, out.span(),
+                                                      ws.span());
     benchmark::DoNotOptimize(out.data());
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * k));

@@ -60,7 +60,8 @@ Optimizer& cached_optimizer(const Options& options, std::size_t n, int variant) 
 }
 
 st::adam_optimizer& adam_state(std::size_t n) {
-  return cached_optimizer<st::adam_optimizer>(st::adam_options{.lr = 1e-4f, .weight_decay = 1e-4f}, n, 0);
+  return cached_optimizer<st::adam_optimizer>(st::adam_options{.lr = 1e-4f, .weight_decay = 1e-4f},
+                                              n, 0);
 }
 st::adam_optimizer& adamw_state(std::size_t n) {
   return cached_optimizer<st::adam_optimizer>(st::adamw_defaults, n, 1);
@@ -275,7 +276,8 @@ void sparse_baseline(benchmark::State& state, Optimizer& opt, float* const (&a)[
 
 void BM_optim_sparse_adam_gather_scatter(benchmark::State& state) {
   auto& opt = adam_state(static_cast<std::size_t>(state.range(0)));
-  float* const a[3] = {opt.params(0).data(), mutable_data(opt.exp_avg(0)), mutable_data(opt.exp_avg_sq(0))};
+  float* const a[3] = {opt.params(0).data(), mutable_data(opt.exp_avg(0)),
+                       mutable_data(opt.exp_avg_sq(0))};
   sparse_baseline(state, opt, a);
 }
 

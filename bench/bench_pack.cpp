@@ -51,7 +51,8 @@ const selection& random_selection(std::uint64_t k, std::uint32_t seed = 0) {
     entry = std::make_unique<selection>();
     entry->indices = sb::prefaulted<std::uint32_t>(k);
     std::vector<std::uint64_t> ws(st::sample_indices_workspace_words(n));
-    st::sample_sorted_indices<std::uint32_t>({.seed = 12345, .step = seed, .tensor = 0}, n, k, entry->indices.span(), ws);
+    st::sample_sorted_indices<std::uint32_t>({.seed = 12345, .step = seed, .tensor = 0}, n, k,
+                                             entry->indices.span(), ws);
     entry->values = sb::gaussian(k, seed + 1);
   }
   return *entry;
@@ -74,8 +75,8 @@ void BM_pack_memcpy(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 16 * k));
 }
 
-void pack_case(benchmark::State& state, st::index_encoding ie, st::value_encoding ve, std::int64_t ppm,
-               std::size_t threads) {
+void pack_case(benchmark::State& state, st::index_encoding ie, st::value_encoding ve,
+               std::int64_t ppm, std::size_t threads) {
   const auto& sel = random_selection(pairs_of(ppm));
   auto& ex = sb::pool(threads);
   st::message_packer packer;
@@ -93,11 +94,12 @@ void pack_case(benchmark::State& state, st::index_encoding ie, st::value_encodin
   const auto k = static_cast<double>(sel.indices.size());
   state.counters["bytes_per_element"] = static_cast<double>(bytes) / k;
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * sel.indices.size()));
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * (8 * sel.indices.size() + bytes)));
+  state.SetBytesProcessed(
+      static_cast<std::int64_t>(state.iterations() * (8 * sel.indices.size() + bytes)));
 }
 
-void unpack_case(benchmark::State& state, st::index_encoding ie, st::value_encoding ve, std::int64_t ppm,
-                 std::size_t threads) {
+void unpack_case(benchmark::State& state, st::index_encoding ie, st::value_encoding ve,
+                 std::int64_t ppm, std::size_t threads) {
   const auto& sel = random_selection(pairs_of(ppm));
   auto& ex = sb::pool(threads);
   st::message_packer packer;
@@ -122,17 +124,22 @@ void unpack_case(benchmark::State& state, st::index_encoding ie, st::value_encod
     benchmark::DoNotOptimize(info.sections.data());
     benchmark::ClobberMemory();
   }
-  if (ie != st::index_encoding::random_k && std::memcmp(indices.data(), sel.indices.data(), indices.size_bytes()) != 0) {
+  if (ie != st::index_encoding::random_k &&
+      std::memcmp(indices.data(), sel.indices.data(), indices.size_bytes()) != 0) {
     state.SkipWithError("unpacked indices differ from the packed ones");
   }
-  state.counters["bytes_per_element"] = static_cast<double>(message.size()) / static_cast<double>(sel.indices.size());
+  state.counters["bytes_per_element"] =
+      static_cast<double>(message.size()) / static_cast<double>(sel.indices.size());
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * sel.indices.size()));
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * (8 * sel.indices.size() + message.size())));
+  state.SetBytesProcessed(
+      static_cast<std::int64_t>(state.iterations() * (8 * sel.indices.size() + message.size())));
 }
 
-std::vector<st::sparse_view<const float, const std::uint32_t>> merge_inputs(std::size_t lists, std::uint64_t k) {
+std::vector<st::sparse_view<const float, const std::uint32_t>> merge_inputs(std::size_t lists,
+                                                                            std::uint64_t k) {
   std::vector<st::sparse_view<const float, const std::uint32_t>> in;
-  for (std::size_t w = 0; w < lists; ++w) in.push_back(random_selection(k, static_cast<std::uint32_t>(w + 1)).view());
+  for (std::size_t w = 0; w < lists; ++w)
+    in.push_back(random_selection(k, static_cast<std::uint32_t>(w + 1)).view());
   return in;
 }
 
@@ -224,8 +231,9 @@ const bool registered = [] {
     }
   }
   const st::index_encoding index_encodings[] = {
-      st::index_encoding::delta_bitpacked, st::index_encoding::delta_varint, st::index_encoding::raw_u32,
-      st::index_encoding::raw_u64,         st::index_encoding::bitmap,       st::index_encoding::random_k,
+      st::index_encoding::delta_bitpacked, st::index_encoding::delta_varint,
+      st::index_encoding::raw_u32,         st::index_encoding::raw_u64,
+      st::index_encoding::bitmap,          st::index_encoding::random_k,
       st::index_encoding::automatic};
   const st::value_encoding value_encodings[] = {st::value_encoding::fp32, st::value_encoding::bf16,
                                                 st::value_encoding::fp16};
@@ -233,16 +241,17 @@ const bool registered = [] {
     for (auto ve : value_encodings) {
       for (std::int64_t ppm : densities_ppm) {
         for (int t : thread_counts) {
-          const std::string suffix = std::string(st::name_of(ie)) + "/" + std::string(st::name_of(ve)) +
-                                     "/ppm:" + std::to_string(ppm) + "/threads:" + std::to_string(t);
+          const std::string suffix = std::string(st::name_of(ie)) + "/" +
+                                     std::string(st::name_of(ve)) + "/ppm:" + std::to_string(ppm) +
+                                     "/threads:" + std::to_string(t);
           if (ie != st::index_encoding::random_k) {
             benchmark::RegisterBenchmark(("BM_pack_pack/" + suffix).c_str(), pack_case, ie, ve, ppm,
                                          static_cast<std::size_t>(t))
                 ->UseRealTime();
           }
           if (ie != st::index_encoding::automatic) {
-            benchmark::RegisterBenchmark(("BM_pack_unpack/" + suffix).c_str(), unpack_case, ie, ve, ppm,
-                                         static_cast<std::size_t>(t))
+            benchmark::RegisterBenchmark(("BM_pack_unpack/" + suffix).c_str(), unpack_case, ie, ve,
+                                         ppm, static_cast<std::size_t>(t))
                 ->UseRealTime();
           }
         }

@@ -54,20 +54,22 @@ void BM_pipeline_step(benchmark::State& state) {
   const double density = static_cast<double>(state.range(1)) / 1000.0;
   const bool zero_copy = state.range(2) == 0;
   for (auto _ : state) {
-    double step_seconds = 0, stage_cpu = 0, link_bytes = 0, gate = 0, exchange = 0, copy = 0, slept = 0, push = 0,
-           wholes = 0;
+    double step_seconds = 0, stage_cpu = 0, link_bytes = 0, gate = 0, exchange = 0, copy = 0,
+           slept = 0, push = 0, wholes = 0;
     // One rank; `record` is the pipeline's update record (bf16 for the zero-copy variant).
     auto rank = [&](st::in_process_transport& raw, auto record) {
       const int r = raw.rank();
-      st::shaped_transport<st::in_process_transport> t(std::move(raw), {.bits_per_second = rate,
-                                                                        .latency = std::chrono::milliseconds(10)});
+      st::shaped_transport<st::in_process_transport> t(
+          std::move(raw), {.bits_per_second = rate, .latency = std::chrono::milliseconds(10)});
       st::thread_pool pool{1};
       st::pipeline p(t, pool, st::error_feedback_compressor<st::threshold_selector<>, st::bf16>(),
                      st::adam_optimizer({.lr = 1e-3f}),
                      // Direct all-gather: every rank's shaped link carries its 3 copies at the
                      // link rate and the latency is paid once per bucket, not 3 times; 8
                      // exchange threads keep 8 buckets' latencies overlapping.
-                     {.bucket_bytes = tensor_elements * sizeof(float), .staleness = 1, .exchange_threads = 8,
+                     {.bucket_bytes = tensor_elements * sizeof(float),
+                      .staleness = 1,
+                      .exchange_threads = 8,
                       .algorithm = st::allgather_algorithm::direct},
                      st::fixed_density{density}, record);
       std::vector<float> init(tensor_elements, 0.0f);
@@ -97,7 +99,8 @@ void BM_pipeline_step(benchmark::State& state) {
           if constexpr (!decltype(p)::records_updates) {
             p.copy_params(b, params);
           } else {
-            const st::param_changes c = p.copy_changes(b, held[b], std::span(changed), std::span(changed_values));
+            const st::param_changes c =
+                p.copy_changes(b, held[b], std::span(changed), std::span(changed_values));
             if (c.kind == st::param_changes_kind::sparse) {
               for (std::uint64_t j = 0; j < c.count; ++j) mirror[b][changed[j]] = changed_values[j];
               held[b] = c.version;
@@ -151,7 +154,8 @@ void BM_pipeline_step(benchmark::State& state) {
         rank(raw, st::record_updates_t<void>{});
       }
     });
-    const double bound = std::max(std::chrono::duration<double>(compute).count(), link_bytes / (rate / 8.0));
+    const double bound =
+        std::max(std::chrono::duration<double>(compute).count(), link_bytes / (rate / 8.0));
     state.SetIterationTime(step_seconds);
     state.counters["step_s"] = step_seconds;
     state.counters["bound_s"] = bound;
@@ -165,8 +169,10 @@ void BM_pipeline_step(benchmark::State& state) {
     state.counters["push_s"] = push;
     state.counters["whole_copies"] = wholes;
   }
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(tensors * tensor_elements));
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(tensors * tensor_elements * 4));
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(tensors * tensor_elements));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(tensors * tensor_elements * 4));
 }
 
 }  // namespace

@@ -10,7 +10,8 @@
 //   BM_select_block/score:S/threads:T   block_topk_selector (S = 1: L1, 2: L2)
 //   BM_select_random_k/threads:T        random_k_selector
 //   BM_select_partitioned/threads:T     rank 0 of 4 (exact top k/4 of a quarter)
-//   BM_select_threshold_ef/threads:T    error_feedback_compressor<threshold_selector<>, float>, threshold, fused pass,
+//   BM_select_threshold_ef/threads:T    error_feedback_compressor<threshold_selector<>, float>,
+//   threshold, fused pass,
 //                                       a new (AR(1), correlation 0.76) gradient every step
 //   BM_select_threshold_ef_bf16/threads:T  the same sending bf16
 //   BM_select_threshold_ef_rotating/threads:T  the same as _ef on a gradient that repeats
@@ -132,7 +133,8 @@ void BM_select_read2_write1(benchmark::State& state) {
     sb::split_per_thread(threads, n, 64, [&](std::size_t begin, std::size_t end) {
       std::size_t i = begin;
       for (; i + batch::size <= end; i += batch::size) {
-        (batch::load_unaligned(a.data() + i) + batch::load_unaligned(b.data() + i)).store_unaligned(c.data() + i);
+        (batch::load_unaligned(a.data() + i) + batch::load_unaligned(b.data() + i))
+            .store_unaligned(c.data() + i);
       }
       for (; i < end; ++i) c[i] = a[i] + b[i];
     });
@@ -221,7 +223,8 @@ void BM_select_random_k(benchmark::State& state) {
   std::uint32_t step = 0;
   on_threads(threads, [&](auto& ex) {
     for (auto _ : state) {
-      sel.select(ex, random_key{.seed = 1, .step = step++}, x.span(), k, out().idx.span(), out().val.span());
+      sel.select(ex, random_key{.seed = 1, .step = step++}, x.span(), k, out().idx.span(),
+                 out().val.span());
     }
   });
   set_bytes(state, k * sizeof(float));
@@ -321,12 +324,17 @@ void threshold_ef(benchmark::State& state) {
   });
   // Of the timed calls only.
   state.counters["deficits"] = static_cast<double>(ef.selection_state(0).deficits - warm_deficits);
-  state.counters["fallbacks"] = static_cast<double>(ef.selection_state(0).fallbacks - warm_fallbacks);
+  state.counters["fallbacks"] =
+      static_cast<double>(ef.selection_state(0).fallbacks - warm_fallbacks);
   set_bytes(state, 3 * n * sizeof(float));
 }
 
-void BM_select_threshold_ef(benchmark::State& state) { threshold_ef<float, gradient_model::ar1>(state); }
-void BM_select_threshold_ef_bf16(benchmark::State& state) { threshold_ef<bf16, gradient_model::ar1>(state); }
+void BM_select_threshold_ef(benchmark::State& state) {
+  threshold_ef<float, gradient_model::ar1>(state);
+}
+void BM_select_threshold_ef_bf16(benchmark::State& state) {
+  threshold_ef<bf16, gradient_model::ar1>(state);
+}
 void BM_select_threshold_ef_rotating(benchmark::State& state) {
   threshold_ef<float, gradient_model::rotating>(state);
 }
@@ -356,7 +364,8 @@ void BM_select_threshold_drift(benchmark::State& state) {
     wall.clear();
     double total = 0;
     for (int t = 0; t < steps; ++t) {
-      rotate_gradient(x, 0.02f * static_cast<float>(t), 1.0f + 0.05f * std::sin(static_cast<float>(t) / 7.0f));
+      rotate_gradient(x, 0.02f * static_cast<float>(t),
+                      1.0f + 0.05f * std::sin(static_cast<float>(t) / 7.0f));
       const threshold_state before = st;
       double best = 1e30;
       for (int run = 0; run < 3; ++run) {
@@ -364,7 +373,9 @@ void BM_select_threshold_drift(benchmark::State& state) {
         const double c0 = thread_cpu_ms();
         const auto w0 = std::chrono::steady_clock::now();
         sel.select(ex, st, x.span(), k, out().idx.span(), out().val.span());
-        const double w = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+        const double w =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0)
+                .count();
         best = std::min(best, thread_cpu_ms() - c0);
         if (run == 0) {
           wall.push_back(w);

@@ -27,11 +27,15 @@ bool device_present() { return cuda_device_count() > 0; }
 
 template <class T>
 struct device_array {
-  explicit device_array(std::size_t n) : size(n) { STELLATRAIN_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(n, 1) * sizeof(T))); }
+  explicit device_array(std::size_t n) : size(n) {
+    STELLATRAIN_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(n, 1) * sizeof(T)));
+  }
   ~device_array() { cudaFree(ptr); }
   device_array(const device_array&) = delete;
   device_array& operator=(const device_array&) = delete;
-  std::span<std::byte> bytes() const { return {reinterpret_cast<std::byte*>(ptr), size * sizeof(T)}; }
+  std::span<std::byte> bytes() const {
+    return {reinterpret_cast<std::byte*>(ptr), size * sizeof(T)};
+  }
   T* ptr = nullptr;
   std::size_t size;
 };
@@ -103,7 +107,9 @@ double copy_seconds(std::size_t bytes, cudaStream_t s) {
   event_timer t;
   std::vector<double> runs;
   for (int i = 0; i < 7; ++i) {
-    runs.push_back(t.time(s, [&] { STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice, s)); }));
+    runs.push_back(t.time(s, [&] {
+      STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice, s));
+    }));
   }
   std::sort(runs.begin(), runs.end());
   return runs[runs.size() / 2];
@@ -116,13 +122,15 @@ struct bench_stream {
 };
 
 std::uint64_t k_of(const benchmark::State& state) {
-  return static_cast<std::uint64_t>(state.range(0)) * static_cast<std::uint64_t>(state.range(1)) / 1000;
+  return static_cast<std::uint64_t>(state.range(0)) * static_cast<std::uint64_t>(state.range(1)) /
+         1000;
 }
 
 /// Times `fn` per iteration (manual time), sets items/bytes and "passes" = 2 x time / copy
 /// time; returns the mean seconds.
 template <class Fn>
-double run_timed(benchmark::State& state, cudaStream_t s, double copy_s, std::size_t bytes_per_item, Fn&& fn) {
+double run_timed(benchmark::State& state, cudaStream_t s, double copy_s, std::size_t bytes_per_item,
+                 Fn&& fn) {
   event_timer timer;
   fn();  // warm-up (first launch of each kernel, threshold bootstrap)
   STELLATRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -135,7 +143,8 @@ double run_timed(benchmark::State& state, cudaStream_t s, double copy_s, std::si
   const auto n = static_cast<std::int64_t>(state.range(0));
   state.SetItemsProcessed(state.iterations() * n);
   state.SetBytesProcessed(state.iterations() * n * static_cast<std::int64_t>(bytes_per_item));
-  const double mean = total / static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+  const double mean =
+      total / static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
   state.counters["copy_us"] = copy_s * 1e6;
   state.counters["passes"] = 2.0 * mean / copy_s;
   return mean;
@@ -150,7 +159,8 @@ void BM_select_cuda_copy(benchmark::State& state) {
   event_timer timer;
   for (auto _ : state) {
     state.SetIterationTime(timer.time(s.s, [&] {
-      STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(y.ptr, x.ptr, n * sizeof(float), cudaMemcpyDeviceToDevice, s.s));
+      STELLATRAIN_CUDA_CHECK(
+          cudaMemcpyAsync(y.ptr, x.ptr, n * sizeof(float), cudaMemcpyDeviceToDevice, s.s));
     }));
   }
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
@@ -180,8 +190,12 @@ void BM_select_cuda_topk_impl(benchmark::State& state, bool threshold) {
 }
 
 void BM_select_cuda_topk(benchmark::State& state) { BM_select_cuda_topk_impl<float>(state, false); }
-void BM_select_cuda_topk_bf16(benchmark::State& state) { BM_select_cuda_topk_impl<bf16>(state, false); }
-void BM_select_cuda_threshold(benchmark::State& state) { BM_select_cuda_topk_impl<float>(state, true); }
+void BM_select_cuda_topk_bf16(benchmark::State& state) {
+  BM_select_cuda_topk_impl<bf16>(state, false);
+}
+void BM_select_cuda_threshold(benchmark::State& state) {
+  BM_select_cuda_topk_impl<float>(state, true);
+}
 
 void BM_select_cuda_feedback_impl(benchmark::State& state, bool threshold) {
   if (!device_present()) return state.SkipWithError("no CUDA device");
@@ -201,13 +215,15 @@ void BM_select_cuda_feedback_impl(benchmark::State& state, bool threshold) {
   event_timer t;
   std::vector<double> base;
   for (int i = 0; i < 7; ++i) {
-    base.push_back(t.time(s.s, [&] { accumulate_baseline<<<4096, 256, 0, s.s>>>(g.ptr, residual.ptr, n); }));
+    base.push_back(
+        t.time(s.s, [&] { accumulate_baseline<<<4096, 256, 0, s.s>>>(g.ptr, residual.ptr, n); }));
   }
   std::sort(base.begin(), base.end());
   STELLATRAIN_CUDA_CHECK(cudaMemsetAsync(residual.ptr, 0, n * sizeof(float), s.s));
   const double mean = run_timed(state, s.s, copy_s, 3 * sizeof(float), [&] {
     if (threshold) {
-      error_feedback_topk_threshold(ctx, g.ptr, residual.ptr, n, k, st.ptr, out.bytes(), ws.bytes());
+      error_feedback_topk_threshold(ctx, g.ptr, residual.ptr, n, k, st.ptr, out.bytes(),
+                                    ws.bytes());
     } else {
       error_feedback_topk(ctx, g.ptr, residual.ptr, n, k, out.bytes(), ws.bytes());
     }
@@ -216,8 +232,12 @@ void BM_select_cuda_feedback_impl(benchmark::State& state, bool threshold) {
   state.counters["x_baseline"] = mean / base[base.size() / 2];
 }
 
-void BM_select_cuda_feedback(benchmark::State& state) { BM_select_cuda_feedback_impl(state, false); }
-void BM_select_cuda_feedback_threshold(benchmark::State& state) { BM_select_cuda_feedback_impl(state, true); }
+void BM_select_cuda_feedback(benchmark::State& state) {
+  BM_select_cuda_feedback_impl(state, false);
+}
+void BM_select_cuda_feedback_threshold(benchmark::State& state) {
+  BM_select_cuda_feedback_impl(state, true);
+}
 
 void BM_select_cuda_feedback_baseline(benchmark::State& state) {
   if (!device_present()) return state.SkipWithError("no CUDA device");
@@ -228,7 +248,7 @@ void BM_select_cuda_feedback_baseline(benchmark::State& state) {
   STELLATRAIN_CUDA_CHECK(cudaMemsetAsync(residual.ptr, 0, n * sizeof(float), s.s));
   const double copy_s = copy_seconds(n * sizeof(float), s.s);
   run_timed(state, s.s, copy_s, 3 * sizeof(float),
-                   [&] { accumulate_baseline<<<4096, 256, 0, s.s>>>(g.ptr, residual.ptr, n); });
+            [&] { accumulate_baseline<<<4096, 256, 0, s.s>>>(g.ptr, residual.ptr, n); });
 }
 
 void sizes_and_densities(benchmark::internal::Benchmark* b) {

@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
   const auto all = candidates();
   const optim_kernels* chosen = nullptr;
   for (const auto& c : all) {
-    std::printf("kernels %-9s %s\n", c.kernels->isa, c.runs_here ? "supported" : "not supported by this CPU");
+    std::printf("kernels %-9s %s\n", c.kernels->isa,
+                c.runs_here ? "supported" : "not supported by this CPU");
     if (chosen == nullptr && c.runs_here) chosen = c.kernels;
   }
   std::printf("chosen: %s\n", chosen->isa);
@@ -106,9 +107,11 @@ int main(int argc, char** argv) {
     const std::size_t conversions = c.kernels->conversion_mismatches();
     const bool ok = worst <= 1e-6 && conversions == 0;
     failures += ok ? 0 : 1;
-    std::printf("%-9s %8.3f ms per dense Adam step of %zu params (2 threads); max deviation from portable %.2e; "
-                "fp16/bf16 conversion mismatches %zu: %s\n",
-                c.kernels->isa, r.ms_per_dense_step, n, worst, conversions, ok ? "ok" : "FAILED");
+    std::printf(
+        "%-9s %8.3f ms per dense Adam step of %zu params (2 threads); max deviation from portable "
+        "%.2e; "
+        "fp16/bf16 conversion mismatches %zu: %s\n",
+        c.kernels->isa, r.ms_per_dense_step, n, worst, conversions, ok ? "ok" : "FAILED");
   }
   return failures == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

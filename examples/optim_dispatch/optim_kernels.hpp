@@ -22,9 +22,9 @@ struct optim_kernels {
   stellatrain::step_report (*adam_dense)(stellatrain::adam_optimizer&, std::size_t tensor,
                                          std::span<const float> grad, stellatrain::thread_pool&,
                                          std::span<stellatrain::bf16> copy);
-  stellatrain::step_report (*adam_sparse)(stellatrain::adam_optimizer&, std::size_t tensor,
-                                          stellatrain::sparse_view<const float, const std::uint32_t> grad,
-                                          stellatrain::thread_pool&);
+  stellatrain::step_report (*adam_sparse)(
+      stellatrain::adam_optimizer&, std::size_t tensor,
+      stellatrain::sparse_view<const float, const std::uint32_t> grad, stellatrain::thread_pool&);
   // Self-check of this unit's fp16/bf16 conversions (loads of gradients, stores of parameter
   // copies) against the scalar ones over every 16-bit pattern and tricky floats: mismatches.
   std::size_t (*conversion_mismatches)();

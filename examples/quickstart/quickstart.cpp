@@ -18,7 +18,8 @@ int main() {
   st::run_in_process(2, [&](st::in_process_transport& transport) {
     const int rank = transport.rank();
     st::thread_pool pool{1};
-    st::pipeline p(transport, pool, st::error_feedback_compressor<st::threshold_selector<>, st::bf16>(),
+    st::pipeline p(transport, pool,
+                   st::error_feedback_compressor<st::threshold_selector<>, st::bf16>(),
                    st::adam_optimizer({.lr = 0.01f}), {.staleness = 0}, st::fixed_density{0.1});
     p.add_tensor(/*id=*/0, std::vector<float>(n, 0.0f));
     p.start();  // collective: every rank starts from rank 0's values

@@ -19,8 +19,8 @@ namespace fashion_mnist {
 inline const char* default_directory = "/usr/share/datasets/fashion-mnist";
 
 struct dataset {
-  std::vector<float> images;          // count x 784, row-major, normalised (zero mean, unit variance)
-  std::vector<std::uint8_t> labels;   // count, 0..9
+  std::vector<float> images;  // count x 784, row-major, normalised (zero mean, unit variance)
+  std::vector<std::uint8_t> labels;  // count, 0..9
   std::size_t count = 0;
   static constexpr std::size_t pixels = 28 * 28;
   static constexpr int classes = 10;
@@ -31,11 +31,13 @@ namespace detail {
 inline std::vector<std::uint8_t> read_gzip(const std::filesystem::path& path) {
   if (!std::filesystem::exists(path)) {
     stellatrain::throw_error(stellatrain::errc::io_error,
-                             path.string() + " not found: install Debian's dataset-fashion-mnist package "
-                                             "(apt-get install dataset-fashion-mnist) or pass --data DIR");
+                             path.string() +
+                                 " not found: install Debian's dataset-fashion-mnist package "
+                                 "(apt-get install dataset-fashion-mnist) or pass --data DIR");
   }
   gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) stellatrain::throw_error(stellatrain::errc::io_error, "cannot open " + path.string());
+  if (f == nullptr)
+    stellatrain::throw_error(stellatrain::errc::io_error, "cannot open " + path.string());
   std::vector<std::uint8_t> out;
   std::array<std::uint8_t, 1 << 16> chunk{};
   for (;;) {
@@ -52,12 +54,13 @@ inline std::vector<std::uint8_t> read_gzip(const std::filesystem::path& path) {
 }
 
 inline std::uint32_t big_endian_u32(const std::vector<std::uint8_t>& b, std::size_t at) {
-  return (std::uint32_t{b[at]} << 24) | (std::uint32_t{b[at + 1]} << 16) | (std::uint32_t{b[at + 2]} << 8) |
-         std::uint32_t{b[at + 3]};
+  return (std::uint32_t{b[at]} << 24) | (std::uint32_t{b[at + 1]} << 16) |
+         (std::uint32_t{b[at + 2]} << 8) | std::uint32_t{b[at + 3]};
 }
 
 inline void require(bool ok, const std::filesystem::path& path, const std::string& what) {
-  if (!ok) stellatrain::throw_error(stellatrain::errc::malformed_message, path.string() + ": " + what);
+  if (!ok)
+    stellatrain::throw_error(stellatrain::errc::malformed_message, path.string() + ": " + what);
 }
 
 }  // namespace detail
@@ -74,8 +77,9 @@ inline dataset load(const std::filesystem::path& directory, const std::string& s
   detail::require(labels.size() >= 8 && detail::big_endian_u32(labels, 0) == 0x801, label_path,
                   "not an IDX label file");
   const std::size_t n = detail::big_endian_u32(images, 4);
-  detail::require(detail::big_endian_u32(images, 8) == 28 && detail::big_endian_u32(images, 12) == 28,
-                  image_path, "images are not 28x28");
+  detail::require(
+      detail::big_endian_u32(images, 8) == 28 && detail::big_endian_u32(images, 12) == 28,
+      image_path, "images are not 28x28");
   detail::require(images.size() == 16 + n * dataset::pixels, image_path, "truncated");
   detail::require(detail::big_endian_u32(labels, 4) == n && labels.size() == 8 + n, label_path,
                   "label count does not match the images");

@@ -33,7 +33,8 @@ class mlp {
     std::size_t offset = 0;
     std::uint32_t id = 0;
     for (std::size_t l = 0; l + 1 < widths_.size(); ++l) {
-      const auto w = static_cast<std::size_t>(widths_[l]) * static_cast<std::size_t>(widths_[l + 1]);
+      const auto w =
+          static_cast<std::size_t>(widths_[l]) * static_cast<std::size_t>(widths_[l + 1]);
       tensors_.push_back({id++, offset, w});
       offset += w;
       tensors_.push_back({id++, offset, static_cast<std::size_t>(widths_[l + 1])});
@@ -65,8 +66,8 @@ class mlp {
 
   /// Forward and backward pass over a batch: writes d(mean loss)/d(params) to `grad` and
   /// returns the mean cross-entropy loss. x: batch x inputs, row-major.
-  float forward_backward(std::span<const float> params, const float* x, const std::uint8_t* y, int batch,
-                         std::span<float> grad) {
+  float forward_backward(std::span<const float> params, const float* x, const std::uint8_t* y,
+                         int batch, std::span<float> grad) {
     const float loss = forward(params, x, y, batch);
     // d loss / d logits = (softmax - onehot) / batch, already in deltas_.back() from forward().
     for (int l = layers() - 1; l >= 0; --l) {
@@ -87,10 +88,12 @@ class mlp {
   }
 
   /// Number of correct predictions over `count` examples (evaluated in batches).
-  std::size_t correct(std::span<const float> params, const float* x, const std::uint8_t* y, std::size_t count) {
+  std::size_t correct(std::span<const float> params, const float* x, const std::uint8_t* y,
+                      std::size_t count) {
     std::size_t right = 0;
     for (std::size_t b = 0; b < count; b += static_cast<std::size_t>(max_batch_)) {
-      const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(max_batch_), count - b));
+      const int n =
+          static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(max_batch_), count - b));
       forward(params, x + b * static_cast<std::size_t>(widths_[0]), nullptr, n);
       const auto& logits = activations_.back();
       for (int i = 0; i < n; ++i) {

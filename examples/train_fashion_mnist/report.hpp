@@ -16,13 +16,13 @@
 namespace fashion_mnist {
 
 struct curve_point {
-  double seconds;         // wall time since the mode started
+  double seconds;  // wall time since the mode started
   std::uint64_t step;
   double epoch;
-  double loss;            // mean training loss since the previous point
-  double accuracy;        // test accuracy, 0..1
-  std::uint64_t bytes;    // bytes rank 0 sent so far
-  double density;         // density of the last step (1 for dense)
+  double loss;          // mean training loss since the previous point
+  double accuracy;      // test accuracy, 0..1
+  std::uint64_t bytes;  // bytes rank 0 sent so far
+  double density;       // density of the last step (1 for dense)
 };
 
 struct mode_result {
@@ -43,23 +43,26 @@ inline std::string json_number(std::optional<double> v) {
   return buf;
 }
 
-inline void write_summary_json(const std::filesystem::path& path, const std::vector<mode_result>& results,
-                               double target, std::optional<double> speedup, const std::string& settings) {
+inline void write_summary_json(const std::filesystem::path& path,
+                               const std::vector<mode_result>& results, double target,
+                               std::optional<double> speedup, const std::string& settings) {
   std::ofstream out(path);
-  out << "{\n  \"target_accuracy\": " << target << ",\n  \"settings\": " << settings << ",\n  \"modes\": {\n";
+  out << "{\n  \"target_accuracy\": " << target << ",\n  \"settings\": " << settings
+      << ",\n  \"modes\": {\n";
   for (std::size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
     out << "    \"" << r.mode << "\": {\"final_accuracy\": " << json_number(r.final_accuracy)
-        << ", \"time_to_target_s\": " << json_number(r.time_to_target)
-        << ", \"steps_to_target\": "
+        << ", \"time_to_target_s\": " << json_number(r.time_to_target) << ", \"steps_to_target\": "
         << (r.steps_to_target ? std::to_string(*r.steps_to_target) : std::string("null"))
         << ", \"steps\": " << r.steps << ", \"bytes_sent_rank0\": " << r.bytes
-        << ", \"wall_s\": " << json_number(r.seconds) << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+        << ", \"wall_s\": " << json_number(r.seconds) << "}" << (i + 1 < results.size() ? "," : "")
+        << "\n";
   }
   out << "  },\n  \"speedup_time_to_target\": " << json_number(speedup) << "\n}\n";
 }
 
-inline void write_curve_csv(const std::filesystem::path& path, const std::vector<mode_result>& results) {
+inline void write_curve_csv(const std::filesystem::path& path,
+                            const std::vector<mode_result>& results) {
   std::ofstream out(path);
   out << "mode,seconds,step,epoch,loss,accuracy,bytes,density\n";
   for (const auto& r : results) {
@@ -72,11 +75,13 @@ inline void write_curve_csv(const std::filesystem::path& path, const std::vector
 
 /// Draws accuracy and bytes against wall time with gnuplot (one data file per mode). Returns
 /// false, with the reason in `why`, when gnuplot is missing or fails.
-inline bool plot(const std::filesystem::path& dir, const std::vector<mode_result>& results, double target,
-                 std::string& why) {
+inline bool plot(const std::filesystem::path& dir, const std::vector<mode_result>& results,
+                 double target, std::string& why) {
   for (const auto& r : results) {
     std::ofstream data(dir / ("curve_" + r.mode + ".dat"));
-    for (const auto& p : r.curve) data << p.seconds << ' ' << p.accuracy * 100 << ' ' << static_cast<double>(p.bytes) / 1e6 << '\n';
+    for (const auto& p : r.curve)
+      data << p.seconds << ' ' << p.accuracy * 100 << ' ' << static_cast<double>(p.bytes) / 1e6
+           << '\n';
   }
   const auto script = dir / "plot.gp";
   {
@@ -84,7 +89,8 @@ inline bool plot(const std::filesystem::path& dir, const std::vector<mode_result
     gp << "set terminal pngcairo size 1100,450 font ',10'\n"
        << "set output '" << (dir / "curve.png").string() << "'\n"
        << "set multiplot layout 1,2\n"
-       << "set xlabel 'wall time (s)'\nset ylabel 'test accuracy (%)'\nset grid\nset key bottom right\n"
+       << "set xlabel 'wall time (s)'\nset ylabel 'test accuracy (%)'\nset grid\nset key bottom "
+          "right\n"
        << "set logscale x\n"
        << "set arrow from graph 0, first " << target * 100 << " to graph 1, first " << target * 100
        << " nohead dashtype 2\n"

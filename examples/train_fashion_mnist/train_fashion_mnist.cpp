@@ -50,9 +50,9 @@ namespace fm = fashion_mnist;
 namespace {
 
 struct settings {
-  int ranks = 4;                  // in-process only; MPI/ZeroMQ take the world size
-  double bandwidth_mbps = -1;     // per rank link; -1: 100 in-process, unshaped otherwise
-  double rtt_ms = -1;             // -1: 20 in-process, 0 otherwise
+  int ranks = 4;               // in-process only; MPI/ZeroMQ take the world size
+  double bandwidth_mbps = -1;  // per rank link; -1: 100 in-process, unshaped otherwise
+  double rtt_ms = -1;          // -1: 20 in-process, 0 otherwise
   double min_density = 1e-4;
   double max_density = 0.01;
   double epochs = 0.5;
@@ -60,20 +60,21 @@ struct settings {
   std::string transport = "inprocess";
   std::string out = "out/demo";
   std::string mode = "both";
-  int batch = 32;                 // per rank
+  int batch = 32;  // per rank
   int hidden = 1024;
-  float lr = 1e-3f;                // dense mode
-  float sparse_lr = 3e-3f;         // stellatrain mode
-  float lr_end = 1e-3f;            // both modes decay linearly to this rate...
-  int decay_steps = 60;            // ...over these steps (0: constant rates)
-  int eval_every = 5;             // steps
+  float lr = 1e-3f;         // dense mode
+  float sparse_lr = 3e-3f;  // stellatrain mode
+  float lr_end = 1e-3f;     // both modes decay linearly to this rate...
+  int decay_steps = 60;     // ...over these steps (0: constant rates)
+  int eval_every = 5;       // steps
   std::size_t eval_samples = 2000;
   std::uint64_t seed = 1;
   std::string data = fm::default_directory;
   int staleness = 0;
 };
 
-const char* usage = R"(train_fashion_mnist: data-parallel training over a slow link, dense all-reduce
+const char* usage =
+    R"(train_fashion_mnist: data-parallel training over a slow link, dense all-reduce
 against the stellatrain pipeline, on Fashion-MNIST (Debian's dataset-fashion-mnist).
 
 Options (defaults in brackets):
@@ -118,7 +119,8 @@ accuracy is measured on the whole test set (10000 examples).
 settings parse(int argc, char** argv) {
   settings s;
   auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) throw st::error(st::errc::invalid_argument, std::string(argv[i]) + " needs a value");
+    if (i + 1 >= argc)
+      throw st::error(st::errc::invalid_argument, std::string(argv[i]) + " needs a value");
     return argv[++i];
   };
   for (int i = 1; i < argc; ++i) {
@@ -185,9 +187,10 @@ settings parse(int argc, char** argv) {
   }
   if (s.bandwidth_mbps < 0) s.bandwidth_mbps = inproc ? 100 : 0;
   if (s.rtt_ms < 0) s.rtt_ms = inproc ? 20 : 0;
-  if (s.ranks < 1 || s.batch < 1 || s.hidden < 1 || s.eval_every < 1 || !(s.epochs > 0) || s.staleness < 0 ||
-      s.staleness > 1 || s.decay_steps < 0 || !(s.lr > 0) || !(s.sparse_lr > 0) || !(s.lr_end > 0) ||
-      !(s.min_density > 0) || s.min_density > s.max_density || s.max_density > 1) {
+  if (s.ranks < 1 || s.batch < 1 || s.hidden < 1 || s.eval_every < 1 || !(s.epochs > 0) ||
+      s.staleness < 0 || s.staleness > 1 || s.decay_steps < 0 || !(s.lr > 0) ||
+      !(s.sparse_lr > 0) || !(s.lr_end > 0) || !(s.min_density > 0) ||
+      s.min_density > s.max_density || s.max_density > 1) {
     throw st::error(st::errc::invalid_argument, "an option is out of range (see --help)");
   }
   return s;
@@ -207,7 +210,9 @@ struct run_output {
 class training_clock {
  public:
   training_clock() : start_(now()) {}
-  [[nodiscard]] double seconds() const { return std::chrono::duration<double>(now() - start_).count() - paused_; }
+  [[nodiscard]] double seconds() const {
+    return std::chrono::duration<double>(now() - start_).count() - paused_;
+  }
   template <class F>
   auto paused(F&& f) {
     const auto t0 = now();
@@ -226,16 +231,22 @@ class training_clock {
 class shard {
  public:
   shard(std::size_t count, int rank, int ranks, std::uint64_t seed) {
-    for (std::size_t i = static_cast<std::size_t>(rank); i < count; i += static_cast<std::size_t>(ranks)) order_.push_back(i);
+    for (std::size_t i = static_cast<std::size_t>(rank); i < count;
+         i += static_cast<std::size_t>(ranks))
+      order_.push_back(i);
     std::mt19937_64 rng(seed * 7919 + static_cast<std::uint64_t>(rank));
     std::shuffle(order_.begin(), order_.end(), rng);
   }
-  void batch(const fm::dataset& d, std::uint64_t step, int size, std::vector<float>& x, std::vector<std::uint8_t>& y) const {
+  void batch(const fm::dataset& d, std::uint64_t step, int size, std::vector<float>& x,
+             std::vector<std::uint8_t>& y) const {
     x.resize(static_cast<std::size_t>(size) * fm::dataset::pixels);
     y.resize(static_cast<std::size_t>(size));
     for (int b = 0; b < size; ++b) {
-      const std::size_t i = order_[(step * static_cast<std::size_t>(size) + static_cast<std::size_t>(b)) % order_.size()];
-      std::copy_n(d.images.data() + i * fm::dataset::pixels, fm::dataset::pixels, x.data() + static_cast<std::size_t>(b) * fm::dataset::pixels);
+      const std::size_t i =
+          order_[(step * static_cast<std::size_t>(size) + static_cast<std::size_t>(b)) %
+                 order_.size()];
+      std::copy_n(d.images.data() + i * fm::dataset::pixels, fm::dataset::pixels,
+                  x.data() + static_cast<std::size_t>(b) * fm::dataset::pixels);
       y[static_cast<std::size_t>(b)] = d.labels[i];
     }
   }
@@ -254,7 +265,8 @@ float learning_rate(const settings& s, float start, std::uint64_t step) {
 
 std::uint64_t steps_of(const settings& s, int ranks, const data& d) {
   const double per_step = static_cast<double>(ranks) * static_cast<double>(s.batch);
-  return static_cast<std::uint64_t>(std::ceil(s.epochs * static_cast<double>(d.train.count) / per_step));
+  return static_cast<std::uint64_t>(
+      std::ceil(s.epochs * static_cast<double>(d.train.count) / per_step));
 }
 
 // Evaluation and progress on rank 0; returns true once the target is first reached.
@@ -268,28 +280,32 @@ struct progress {
   int loss_count = 0;
   double last_loss = 0;
 
-  void record(fm::mlp& net, std::span<const float> params, std::uint64_t step, double seconds, std::uint64_t bytes,
-              double density, bool final_eval) {
+  void record(fm::mlp& net, std::span<const float> params, std::uint64_t step, double seconds,
+              std::uint64_t bytes, double density, bool final_eval) {
     const std::size_t n = final_eval ? d.test.count : std::min(s.eval_samples, d.test.count);
-    const double acc = static_cast<double>(net.correct(params, d.test.images.data(), d.test.labels.data(), n)) /
-                       static_cast<double>(n);
+    const double acc =
+        static_cast<double>(net.correct(params, d.test.images.data(), d.test.labels.data(), n)) /
+        static_cast<double>(n);
     // The mean training loss since the last record (the final record repeats the last one).
     const double loss = loss_count > 0 ? loss_sum / loss_count : last_loss;
     last_loss = loss;
     loss_sum = 0;
     loss_count = 0;
-    const double epoch = static_cast<double>(step) * static_cast<double>(s.batch) * static_cast<double>(ranks) /
-                         static_cast<double>(d.train.count);
+    const double epoch = static_cast<double>(step) * static_cast<double>(s.batch) *
+                         static_cast<double>(ranks) / static_cast<double>(d.train.count);
     out.curve.push_back({seconds, step, epoch, loss, acc, bytes, density});
     if (!out.time_to_target && acc >= s.target && !final_eval) {
       out.time_to_target = seconds;
       out.steps_to_target = step;
     }
     if (final_eval) out.final_accuracy = acc;
-    std::printf("  %-11s step %4llu/%llu  epoch %.2f  loss %.4f  acc %5.2f%%%s  %7.1f s  %9.2f MB sent  density %.4f\n",
-                out.mode.c_str(), static_cast<unsigned long long>(step), static_cast<unsigned long long>(steps), epoch,
-                loss, acc * 100, final_eval ? " (full test set)" : "               ", seconds, static_cast<double>(bytes) / 1e6,
-                density);
+    std::printf(
+        "  %-11s step %4llu/%llu  epoch %.2f  loss %.4f  acc %5.2f%%%s  %7.1f s  %9.2f MB sent  "
+        "density %.4f\n",
+        out.mode.c_str(), static_cast<unsigned long long>(step),
+        static_cast<unsigned long long>(steps), epoch, loss, acc * 100,
+        final_eval ? " (full test set)" : "               ", seconds,
+        static_cast<double>(bytes) / 1e6, density);
     std::fflush(stdout);
   }
 };
@@ -304,9 +320,11 @@ template <st::transport Transport>
 void run_dense(Transport& t, const settings& s, const data& d, fm::mode_result* out) {
   const int r = t.rank();
   const int ranks = t.size();
-  fm::mlp net({static_cast<int>(fm::dataset::pixels), s.hidden, s.hidden, fm::dataset::classes}, std::max(s.batch, 500));
+  fm::mlp net({static_cast<int>(fm::dataset::pixels), s.hidden, s.hidden, fm::dataset::classes},
+              std::max(s.batch, 500));
   std::vector<float> params(net.parameter_count());
-  net.initialize(params, s.seed);  // the same seed on every rank: identical start, as DDP broadcasts
+  net.initialize(params,
+                 s.seed);  // the same seed on every rank: identical start, as DDP broadcasts
   st::adam_optimizer adam({.lr = s.lr});
   adam.add_tensor(params);
   std::vector<float> grad(params.size());
@@ -323,7 +341,8 @@ void run_dense(Transport& t, const settings& s, const data& d, fm::mode_result* 
   for (std::uint64_t step = 0; step < steps; ++step) {
     my_shard.batch(d.train, step, s.batch, x, y);
     const float loss = net.forward_backward(adam.params(0), x.data(), y.data(), s.batch, grad);
-    st::dense_allreduce(t, std::span<float>(grad), {.tag = 1, .timeout = std::chrono::minutes(10), .average = true}, ws);
+    st::dense_allreduce(t, std::span<float>(grad),
+                        {.tag = 1, .timeout = std::chrono::minutes(10), .average = true}, ws);
     adam.set_learning_rate(learning_rate(s, s.lr, step));
     adam.step(0, std::span<const float>(grad));
     if (prog) {
@@ -352,7 +371,8 @@ template <st::transport Transport>
 void run_stellatrain(Transport& t, const settings& s, const data& d, fm::mode_result* out) {
   const int r = t.rank();
   const int ranks = t.size();
-  fm::mlp net({static_cast<int>(fm::dataset::pixels), s.hidden, s.hidden, fm::dataset::classes}, std::max(s.batch, 500));
+  fm::mlp net({static_cast<int>(fm::dataset::pixels), s.hidden, s.hidden, fm::dataset::classes},
+              std::max(s.batch, 500));
   std::vector<float> params(net.parameter_count());
   net.initialize(params, s.seed + static_cast<std::uint64_t>(r));  // rank 0's values are broadcast
   st::thread_pool pool{1};
@@ -363,13 +383,18 @@ void run_stellatrain(Transport& t, const settings& s, const data& d, fm::mode_re
                  // rate whatever the order: the direct all-gather pays the latency once. Over
                  // real TCP the automatic choice (a ring for more than 2 ranks) keeps one flow
                  // per link.
-                 {.bucket_bytes = std::uint64_t{4} << 20, .staleness = s.staleness, .send_all_below = 4096,
+                 {.bucket_bytes = std::uint64_t{4} << 20,
+                  .staleness = s.staleness,
+                  .send_all_below = 4096,
                   .exchange_threads = 4,
-                  .algorithm = s.transport == "inprocess" ? st::allgather_algorithm::direct : st::allgather_algorithm::automatic,
+                  .algorithm = s.transport == "inprocess" ? st::allgather_algorithm::direct
+                                                          : st::allgather_algorithm::automatic,
                   .timeout = std::chrono::minutes(10)},
-                 st::adaptive_density_controller({.min_density = s.min_density, .max_density = s.max_density,
-                                                  .initial_density = std::min(s.max_density, std::max(s.min_density, 0.01)),
-                                                  .latency_seconds = latency_s}));
+                 st::adaptive_density_controller(
+                     {.min_density = s.min_density,
+                      .max_density = s.max_density,
+                      .initial_density = std::min(s.max_density, std::max(s.min_density, 0.01)),
+                      .latency_seconds = latency_s}));
   for (const auto& tensor : net.tensors()) {
     p.add_tensor(tensor.id, std::span<const float>(params).subspan(tensor.offset, tensor.size));
   }
@@ -439,9 +464,11 @@ void run_stellatrain(Transport& t, const settings& s, const data& d, fm::mode_re
 }
 
 template <st::transport Transport>
-void run_modes(Transport& t, const settings& s, const data& d, std::vector<fm::mode_result>* results) {
+void run_modes(Transport& t, const settings& s, const data& d,
+               std::vector<fm::mode_result>* results) {
   if (s.mode == "both" || s.mode == "dense") {
-    if (t.rank() == 0) std::printf("\n== dense: averaged gradients through a dense ring all-reduce\n");
+    if (t.rank() == 0)
+      std::printf("\n== dense: averaged gradients through a dense ring all-reduce\n");
     fm::mode_result res;
     res.mode = "dense";
     run_dense(t, s, d, &res);
@@ -449,7 +476,9 @@ void run_modes(Transport& t, const settings& s, const data& d, std::vector<fm::m
   }
   if (s.mode == "both" || s.mode == "stellatrain") {
     if (t.rank() == 0) {
-      std::printf("\n== stellatrain: top-k + error feedback, sparse all-gather, CPU Adam, adaptive density\n");
+      std::printf(
+          "\n== stellatrain: top-k + error feedback, sparse all-gather, CPU Adam, adaptive "
+          "density\n");
     }
     fm::mode_result res;
     res.mode = "stellatrain";
@@ -463,12 +492,13 @@ void run_modes(Transport& t, const settings& s, const data& d, std::vector<fm::m
 // virtual call per message costs nothing next to the exchange; one instantiation per link
 // doubled this file's compile time).
 template <st::transport Inner>
-void with_link(Inner inner, const settings& s, const data& d, std::vector<fm::mode_result>* results) {
+void with_link(Inner inner, const settings& s, const data& d,
+               std::vector<fm::mode_result>* results) {
   std::optional<st::any_transport> link;
   if (s.bandwidth_mbps > 0 || s.rtt_ms > 0) {
     const auto latency = std::chrono::microseconds(static_cast<std::int64_t>(s.rtt_ms * 500.0));
-    link.emplace(st::shaped_transport<Inner>(std::move(inner),
-                                             {.bits_per_second = s.bandwidth_mbps * 1e6, .latency = latency}));
+    link.emplace(st::shaped_transport<Inner>(
+        std::move(inner), {.bits_per_second = s.bandwidth_mbps * 1e6, .latency = latency}));
   } else {
     link.emplace(std::move(inner));
   }
@@ -481,18 +511,21 @@ void report(const settings& s, std::vector<fm::mode_result>& results, int ranks)
   const fm::mode_result* sparse = nullptr;
   for (const auto& r : results) (r.mode == "dense" ? dense : sparse) = &r;
   std::optional<double> speedup;
-  if (dense && sparse && dense->time_to_target && sparse->time_to_target && *sparse->time_to_target > 0) {
+  if (dense && sparse && dense->time_to_target && sparse->time_to_target &&
+      *sparse->time_to_target > 0) {
     speedup = *dense->time_to_target / *sparse->time_to_target;
   }
-  std::printf("\n%-12s %10s %15s %10s %14s %9s\n", "mode", "final acc", "time to target", "steps", "MB sent (r0)", "speedup");
+  std::printf("\n%-12s %10s %15s %10s %14s %9s\n", "mode", "final acc", "time to target", "steps",
+              "MB sent (r0)", "speedup");
   for (const auto& r : results) {
     char ttt[32] = "not reached";
     if (r.time_to_target) std::snprintf(ttt, sizeof ttt, "%.1f s", *r.time_to_target);
     char sp[32] = "";
     if (&r == sparse && speedup) std::snprintf(sp, sizeof sp, "%.1fx", *speedup);
     if (&r == dense && speedup) std::snprintf(sp, sizeof sp, "1.0x");
-    std::printf("%-12s %9.2f%% %15s %10llu %14.1f %9s\n", r.mode.c_str(), r.final_accuracy * 100, ttt,
-                static_cast<unsigned long long>(r.steps), static_cast<double>(r.bytes) / 1e6, sp);
+    std::printf("%-12s %9.2f%% %15s %10llu %14.1f %9s\n", r.mode.c_str(), r.final_accuracy * 100,
+                ttt, static_cast<unsigned long long>(r.steps), static_cast<double>(r.bytes) / 1e6,
+                sp);
   }
   char link[96] = "links not shaped by the library";
   if (s.bandwidth_mbps > 0 || s.rtt_ms > 0)
@@ -503,16 +536,20 @@ void report(const settings& s, std::vector<fm::mode_result>& results, int ranks)
   const std::filesystem::path dir(s.out);
   std::filesystem::create_directories(dir);
   std::ostringstream settings_json;
-  settings_json << "{\"transport\": \"" << s.transport << "\", \"ranks\": " << ranks << ", \"bandwidth_mbps\": "
-                << s.bandwidth_mbps << ", \"rtt_ms\": " << s.rtt_ms << ", \"epochs\": " << s.epochs << ", \"batch\": "
-                << s.batch << ", \"hidden\": " << s.hidden << ", \"lr\": " << s.lr << ", \"sparse_lr\": " << s.sparse_lr
-                << ", \"lr_end\": " << s.lr_end << ", \"decay_steps\": " << s.decay_steps << ", \"min_density\": " << s.min_density
-                << ", \"max_density\": " << s.max_density << ", \"staleness\": " << s.staleness << "}";
+  settings_json << "{\"transport\": \"" << s.transport << "\", \"ranks\": " << ranks
+                << ", \"bandwidth_mbps\": " << s.bandwidth_mbps << ", \"rtt_ms\": " << s.rtt_ms
+                << ", \"epochs\": " << s.epochs << ", \"batch\": " << s.batch
+                << ", \"hidden\": " << s.hidden << ", \"lr\": " << s.lr
+                << ", \"sparse_lr\": " << s.sparse_lr << ", \"lr_end\": " << s.lr_end
+                << ", \"decay_steps\": " << s.decay_steps << ", \"min_density\": " << s.min_density
+                << ", \"max_density\": " << s.max_density << ", \"staleness\": " << s.staleness
+                << "}";
   fm::write_summary_json(dir / "summary.json", results, s.target, speedup, settings_json.str());
   fm::write_curve_csv(dir / "curve.csv", results);
   std::string why;
   const bool plotted = fm::plot(dir, results, s.target, why);
-  std::printf("\nwrote %s\n      %s\n", (dir / "summary.json").string().c_str(), (dir / "curve.csv").string().c_str());
+  std::printf("\nwrote %s\n      %s\n", (dir / "summary.json").string().c_str(),
+              (dir / "curve.csv").string().c_str());
   if (plotted) {
     std::printf("      %s\n", (dir / "curve.png").string().c_str());
   } else {
@@ -527,7 +564,8 @@ int main(int argc, char** argv) {
 #if STELLATRAIN_DEMO_WITH_MPI
     std::optional<st::mpi_environment> mpi;
     for (int i = 1; i + 1 < argc; ++i) {
-      if (std::string(argv[i]) == "--transport" && std::string(argv[i + 1]) == "mpi") mpi.emplace(argc, argv);
+      if (std::string(argv[i]) == "--transport" && std::string(argv[i + 1]) == "mpi")
+        mpi.emplace(argc, argv);
     }
 #endif
     const settings s = parse(argc, argv);
@@ -536,9 +574,12 @@ int main(int argc, char** argv) {
     int ranks = s.ranks;
     int my_rank = 0;
     if (s.transport == "inprocess") {
-      std::printf("Fashion-MNIST: %zu training and %zu test examples; MLP 784-%d-%d-10; %d in-process ranks\n",
-                  d.train.count, d.test.count, s.hidden, s.hidden, s.ranks);
-      st::run_in_process(s.ranks, [&](st::in_process_transport& t) { with_link(std::move(t), s, d, &results); });
+      std::printf(
+          "Fashion-MNIST: %zu training and %zu test examples; MLP 784-%d-%d-10; %d in-process "
+          "ranks\n",
+          d.train.count, d.test.count, s.hidden, s.hidden, s.ranks);
+      st::run_in_process(
+          s.ranks, [&](st::in_process_transport& t) { with_link(std::move(t), s, d, &results); });
     } else if (s.transport == "mpi") {
 #if STELLATRAIN_DEMO_WITH_MPI
       st::mpi_transport t;
@@ -547,7 +588,8 @@ int main(int argc, char** argv) {
       if (my_rank == 0) std::printf("Fashion-MNIST over MPI: %d ranks\n", ranks);
       with_link(std::move(t), s, d, &results);
 #else
-      throw st::error(st::errc::unsupported, "this build has no MPI support (install libopenmpi-dev and rebuild)");
+      throw st::error(st::errc::unsupported,
+                      "this build has no MPI support (install libopenmpi-dev and rebuild)");
 #endif
     } else {
 #if STELLATRAIN_DEMO_WITH_ZMQ
@@ -557,7 +599,9 @@ int main(int argc, char** argv) {
       if (my_rank == 0) std::printf("Fashion-MNIST over ZeroMQ: %d ranks\n", ranks);
       with_link(std::move(t), s, d, &results);
 #else
-      throw st::error(st::errc::unsupported, "this build has no ZeroMQ support (install libzmq3-dev cppzmq-dev and rebuild)");
+      throw st::error(
+          st::errc::unsupported,
+          "this build has no ZeroMQ support (install libzmq3-dev cppzmq-dev and rebuild)");
 #endif
     }
     if (my_rank == 0) report(s, results, ranks);

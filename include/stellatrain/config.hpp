@@ -49,8 +49,8 @@ namespace stellatrain::detail {
 /// Called by the default STELLATRAIN_ASSERT when a precondition does not hold: prints the
 /// failed condition and where to stderr, then aborts. Precondition violations are programming
 /// errors; conditions that depend on input data throw `stellatrain::error` instead.
-[[noreturn]] inline void assert_failed(const char* condition, const char* message,
-                                       const char* file, int line) noexcept {
+[[noreturn]] inline void assert_failed(const char* condition, const char* message, const char* file,
+                                       int line) noexcept {
   std::fprintf(stderr, "%s:%d: stellatrain precondition failed: %s (%s)\n", file, line, condition,
                message);
   std::abort();
@@ -62,8 +62,8 @@ namespace stellatrain::detail {
 // before including stellatrain to route failures elsewhere (a test framework, a logger).
 #ifndef STELLATRAIN_ASSERT
 #if STELLATRAIN_ENABLE_ASSERTS
-#define STELLATRAIN_ASSERT(condition, message)                                               \
-  ((condition) ? static_cast<void>(0)                                                        \
+#define STELLATRAIN_ASSERT(condition, message) \
+  ((condition) ? static_cast<void>(0)          \
                : ::stellatrain::detail::assert_failed(#condition, message, __FILE__, __LINE__))
 #else
 #define STELLATRAIN_ASSERT(condition, message) static_cast<void>(0)

@@ -8,6 +8,6 @@
 #include <stellatrain/core/cuda_check.cuh>
 
 #include <stellatrain/compress/error_feedback_cuda.cuh>
+#include <stellatrain/pipeline/cuda_bridge.cuh>
 #include <stellatrain/select/selection_scatter.cuh>
 #include <stellatrain/select/topk_cuda.cuh>
-#include <stellatrain/pipeline/cuda_bridge.cuh>

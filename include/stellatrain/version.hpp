@@ -15,8 +15,8 @@
 #define STELLATRAIN_DETAIL_STR(x) STELLATRAIN_DETAIL_STR2(x)
 
 /// "MAJOR.MINOR.PATCH" as a string literal.
-#define STELLATRAIN_VERSION_STRING                                                    \
-  STELLATRAIN_DETAIL_STR(STELLATRAIN_VERSION_MAJOR)                                   \
+#define STELLATRAIN_VERSION_STRING                                                  \
+  STELLATRAIN_DETAIL_STR(STELLATRAIN_VERSION_MAJOR)                                 \
   "." STELLATRAIN_DETAIL_STR(STELLATRAIN_VERSION_MINOR) "." STELLATRAIN_DETAIL_STR( \
       STELLATRAIN_VERSION_PATCH)
 

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <stellatrain/compress/error_feedback.hpp>
+#include <stellatrain/core/thread_pool.hpp>
 #include <stellatrain/select/exact_topk.hpp>
 #include <stellatrain/select/partitioned.hpp>
 #include <stellatrain/select/random_k.hpp>
 #include <stellatrain/select/runtime_selector.hpp>
-#include <stellatrain/core/thread_pool.hpp>
 
 #include "catch.hpp"
 #include "selection_oracle.hpp"
@@ -31,9 +31,9 @@ std::vector<float> gaussian(std::uint64_t n, std::uint64_t seed, float scale = 1
   return x;
 }
 
-constexpr selection_method all_methods[] = {selection_method::exact_topk, selection_method::threshold,
-                                            selection_method::sampled_threshold, selection_method::block_topk,
-                                            selection_method::random_k};
+constexpr selection_method all_methods[] = {
+    selection_method::exact_topk, selection_method::threshold, selection_method::sampled_threshold,
+    selection_method::block_topk, selection_method::random_k};
 
 template <class Value, class Index>
 std::vector<std::uint64_t> indices_of(const sparse_buffer<Value, Index>& out) {
@@ -44,15 +44,16 @@ std::vector<std::uint64_t> indices_of(const sparse_buffer<Value, Index>& out) {
 
 using value_types = std::tuple<float, fp16, bf16>;
 
-TEMPLATE_LIST_TEST_CASE("error feedback: everything sent plus the residual is everything accumulated",
-                        "[compress][ef]", value_types) {
+TEMPLATE_LIST_TEST_CASE(
+    "error feedback: everything sent plus the residual is everything accumulated", "[compress][ef]",
+    value_types) {
   const std::uint64_t n = 100'003;
   thread_pool pool(2);
   for (selection_method method : all_methods) {
     for (std::uint32_t parts : {1u, 3u}) {
       CAPTURE(static_cast<int>(method), parts);
-      error_feedback_compressor<runtime_selector<>, TestType> ef(
-          runtime_selector<>({.method = method, .part = {.rank = parts - 1, .parts = parts}, .seed = 7}));
+      error_feedback_compressor<runtime_selector<>, TestType> ef(runtime_selector<>(
+          {.method = method, .part = {.rank = parts - 1, .parts = parts}, .seed = 7}));
       ef.add_tensor(pool, 4, n, n / 50);
       sparse_buffer<TestType> out(n, n / 50);
       std::vector<double> sent(n, 0.0);
@@ -75,7 +76,8 @@ TEMPLATE_LIST_TEST_CASE("error feedback: everything sent plus the residual is ev
       }
       const auto r = ef.residual(4);
       double worst = 0;
-      for (std::uint64_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(sent[i] + r[i] - grads[i]));
+      for (std::uint64_t i = 0; i < n; ++i)
+        worst = std::max(worst, std::abs(sent[i] + r[i] - grads[i]));
       CAPTURE(worst);
       REQUIRE(worst < 1e-4);
       REQUIRE(ef.step(4) == 30);
@@ -83,8 +85,8 @@ TEMPLATE_LIST_TEST_CASE("error feedback: everything sent plus the residual is ev
   }
 }
 
-TEMPLATE_LIST_TEST_CASE("error feedback: the residual is acc minus what was sent, exactly", "[compress][ef]",
-                        value_types) {
+TEMPLATE_LIST_TEST_CASE("error feedback: the residual is acc minus what was sent, exactly",
+                        "[compress][ef]", value_types) {
   const std::uint64_t n = 50'000;
   inline_executor ex;
   error_feedback_compressor<exact_topk_selector<>, TestType> ef;
@@ -107,7 +109,8 @@ TEMPLATE_LIST_TEST_CASE("error feedback: the residual is acc minus what was sent
       acc[i] = acc[i] - to_float(out.values()[j]);
     }
     const auto r = ef.residual(0);
-    for (std::uint64_t i = 0; i < n; ++i) REQUIRE(std::bit_cast<std::uint32_t>(r[i]) == std::bit_cast<std::uint32_t>(acc[i]));
+    for (std::uint64_t i = 0; i < n; ++i)
+      REQUIRE(std::bit_cast<std::uint32_t>(r[i]) == std::bit_cast<std::uint32_t>(acc[i]));
     if constexpr (std::is_same_v<TestType, float>) {
       for (std::uint64_t i = 0; i < n; ++i) {
         if (was_sent[i]) REQUIRE(r[i] == 0.0f);
@@ -116,8 +119,9 @@ TEMPLATE_LIST_TEST_CASE("error feedback: the residual is acc minus what was sent
   }
 }
 
-TEST_CASE("error feedback: fp16 saturates and keeps the excess; non-finite values clear their residual",
-          "[compress][ef]") {
+TEST_CASE(
+    "error feedback: fp16 saturates and keeps the excess; non-finite values clear their residual",
+    "[compress][ef]") {
   inline_executor ex;
   error_feedback_compressor<exact_topk_selector<>, fp16> ef;
   ef.add_tensor(ex, 1, 64);
@@ -148,7 +152,8 @@ TEST_CASE("error feedback with DGC momentum correction", "[compress][ef][momentu
   const float mu = 0.9f;
   thread_pool pool(2);
   for (selection_method method : {selection_method::exact_topk, selection_method::threshold}) {
-    error_feedback_compressor<runtime_selector<>, float> ef(runtime_selector<>({.method = method}), {.momentum = mu});
+    error_feedback_compressor<runtime_selector<>, float> ef(runtime_selector<>({.method = method}),
+                                                            {.momentum = mu});
     ef.add_tensor(pool, 2, n);
     sparse_buffer<float> out;
     std::vector<double> sent(n, 0.0);
@@ -157,7 +162,8 @@ TEST_CASE("error feedback with DGC momentum correction", "[compress][ef][momentu
       const auto g = gaussian(n, 200 + step);
       const auto u_before = std::vector<float>(ef.momentum(2).begin(), ef.momentum(2).end());
       ef.compress(pool, 2, g, 300, out);
-      for (std::uint64_t i = 0; i < n; ++i) momentum_sum[i] += static_cast<double>(mu) * u_before[i] + g[i];
+      for (std::uint64_t i = 0; i < n; ++i)
+        momentum_sum[i] += static_cast<double>(mu) * u_before[i] + g[i];
       for (std::uint64_t j = 0; j < out.size(); ++j) {
         sent[out.indices()[j]] += out.values()[j];
         REQUIRE(ef.momentum(2)[out.indices()[j]] == 0.0f);  // momentum factor masking
@@ -165,7 +171,8 @@ TEST_CASE("error feedback with DGC momentum correction", "[compress][ef][momentu
     }
     const auto v = ef.residual(2);
     double worst = 0;
-    for (std::uint64_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(sent[i] + v[i] - momentum_sum[i]));
+    for (std::uint64_t i = 0; i < n; ++i)
+      worst = std::max(worst, std::abs(sent[i] + v[i] - momentum_sum[i]));
     CAPTURE(worst);
     REQUIRE(worst < 1e-3);
   }
@@ -177,7 +184,8 @@ TEST_CASE("error feedback: random-k indices are regenerated from (seed + slice, 
   inline_executor ex;
   const partition part{.rank = 1, .parts = 2};
   using random_share = partitioned_selector<random_k_selector<>>;
-  error_feedback_compressor<random_share, bf16, std::uint64_t> ef(random_share(part, random_k_selector<>(1234)));
+  error_feedback_compressor<random_share, bf16, std::uint64_t> ef(
+      random_share(part, random_k_selector<>(1234)));
   ef.add_tensor(ex, 77, n);
   sparse_buffer<bf16, std::uint64_t> out;
   for (std::uint32_t step = 0; step < 4; ++step) {
@@ -186,8 +194,8 @@ TEST_CASE("error feedback: random-k indices are regenerated from (seed + slice, 
     const auto s = slice_of(part, n, 200, step);
     std::vector<std::uint64_t> regen(s.k);
     std::vector<std::uint64_t> ws(sample_indices_workspace_words(s.end - s.begin));
-    sample_sorted_indices<std::uint64_t>({.seed = 1234 + s.slice, .step = step, .tensor = 77}, s.end - s.begin, s.k,
-                                         regen, ws);
+    sample_sorted_indices<std::uint64_t>({.seed = 1234 + s.slice, .step = step, .tensor = 77},
+                                         s.end - s.begin, s.k, regen, ws);
     for (auto& i : regen) i += s.begin;
     REQUIRE(indices_of(out) == regen);
   }
@@ -198,7 +206,8 @@ TEST_CASE("error feedback: SIMD and scalar paths agree", "[compress][ef]") {
   inline_executor ex;
   for (selection_method method : all_methods) {
     CAPTURE(static_cast<int>(method));
-    error_feedback_compressor<runtime_selector<scalar_arch>, bf16> a(runtime_selector<scalar_arch>({.method = method}));
+    error_feedback_compressor<runtime_selector<scalar_arch>, bf16> a(
+        runtime_selector<scalar_arch>({.method = method}));
     error_feedback_compressor<runtime_selector<xsimd::default_arch>, bf16> b(
         runtime_selector<xsimd::default_arch>({.method = method}));
     a.add_tensor(ex, 0, n);

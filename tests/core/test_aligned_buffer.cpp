@@ -57,17 +57,14 @@ TEST_CASE("aligned_buffer moves without copying", "[aligned_buffer]") {
 
 TEST_CASE("aligned_buffer reports bad requests as errors", "[aligned_buffer]") {
   CHECK_THROWS_MATCHES(aligned_buffer<float>(10, {.alignment = 48}), error,
-                       Catch::Matchers::Predicate<error>([](const error& e) {
-                         return e.code() == errc::invalid_argument;
-                       }));
+                       Catch::Matchers::Predicate<error>(
+                           [](const error& e) { return e.code() == errc::invalid_argument; }));
   const auto too_many = std::numeric_limits<std::size_t>::max() / 2;
   CHECK_THROWS_MATCHES(aligned_buffer<float>(too_many), error,
-                       Catch::Matchers::Predicate<error>([](const error& e) {
-                         return e.code() == errc::resource_exhausted;
-                       }));
+                       Catch::Matchers::Predicate<error>(
+                           [](const error& e) { return e.code() == errc::resource_exhausted; }));
   // Representable, but far beyond any machine's memory: the allocation fails cleanly.
   CHECK_THROWS_MATCHES(aligned_buffer<std::uint8_t>(std::size_t{1} << 60), error,
-                       Catch::Matchers::Predicate<error>([](const error& e) {
-                         return e.code() == errc::resource_exhausted;
-                       }));
+                       Catch::Matchers::Predicate<error>(
+                           [](const error& e) { return e.code() == errc::resource_exhausted; }));
 }

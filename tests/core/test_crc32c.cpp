@@ -57,9 +57,9 @@ TEST_CASE("crc32c: published check values", "[crc32c]") {
 
 TEST_CASE("crc32c: portable and hardware paths agree with the bitwise definition", "[crc32c]") {
   const auto data = random_bytes(3 * 3 * 4096 + 3 * 256 + 100, 42);
-  const std::vector<std::size_t> lengths = {0,    1,    7,    8,    9,    15,   63,   64,   255,
-                                            256,  767,  768,  769,  1000, 3071, 12287, 12288,
-                                            12289, 13055, 13056, 13057, data.size()};
+  const std::vector<std::size_t> lengths = {
+      0,   1,   7,    8,    9,     15,    63,    64,    255,   256,   767,
+      768, 769, 1000, 3071, 12287, 12288, 12289, 13055, 13056, 13057, data.size()};
   for (std::size_t len : lengths) {
     for (std::size_t offset : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
       if (offset + len > data.size()) continue;

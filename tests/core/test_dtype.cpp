@@ -38,7 +38,7 @@ TEST_CASE("value and index concepts", "[dtype]") {
 
 TEST_CASE("the header version matches the CMake project version", "[version]") {
   CHECK(std::string(version_string) == STELLATRAIN_TEST_PROJECT_VERSION);
-  STATIC_REQUIRE(STELLATRAIN_VERSION ==
-                 STELLATRAIN_VERSION_MAJOR * 10000 + STELLATRAIN_VERSION_MINOR * 100 +
-                     STELLATRAIN_VERSION_PATCH);
+  STATIC_REQUIRE(STELLATRAIN_VERSION == STELLATRAIN_VERSION_MAJOR * 10000 +
+                                            STELLATRAIN_VERSION_MINOR * 100 +
+                                            STELLATRAIN_VERSION_PATCH);
 }

@@ -197,8 +197,8 @@ TEST_CASE("float to fp16 on a random sample of 4M floats and special values", "[
   const bool hw = have_f16c();
   auto sample = random_floats(std::size_t{1} << 22, 12345);
   for (float f : {0.0f, -0.0f, HUGE_VALF, -HUGE_VALF, std::nanf(""), -std::nanf(""), 65504.0f,
-                  65519.99f, 65520.0f, -65520.0f, 1e-8f, 2.9802322e-8f /* 2^-25 */,
-                  2.9802326e-8f, 5.9604645e-8f /* 2^-24 */, 6.1035156e-5f /* 2^-14 */,
+                  65519.99f, 65520.0f, -65520.0f, 1e-8f, 2.9802322e-8f /* 2^-25 */, 2.9802326e-8f,
+                  5.9604645e-8f /* 2^-24 */, 6.1035156e-5f /* 2^-14 */,
                   std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
                   from_bits(0x7f800001u) /* signalling NaN */, from_bits(0xffc12345u)}) {
     sample.push_back(f);

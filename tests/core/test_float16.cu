@@ -34,8 +34,9 @@ __global__ void widen_all(std::uint32_t* fp16_out, std::uint32_t* bf16_out) {
   }
 }
 
-__global__ void narrow(const float* in, std::size_t n, std::uint16_t* fp16_out, std::uint16_t* bf16_out,
-                       std::uint16_t* cuda_fp16_out, std::uint16_t* cuda_bf16_out) {
+__global__ void narrow(const float* in, std::size_t n, std::uint16_t* fp16_out,
+                       std::uint16_t* bf16_out, std::uint16_t* cuda_fp16_out,
+                       std::uint16_t* cuda_bf16_out) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i < n) {
     fp16_out[i] = stellatrain::fp16{in[i]}.bits();
@@ -47,7 +48,9 @@ __global__ void narrow(const float* in, std::size_t n, std::uint16_t* fp16_out, 
 
 template <class T>
 struct device_array {
-  explicit device_array(std::size_t n) : size(n) { STELLATRAIN_CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T))); }
+  explicit device_array(std::size_t n) : size(n) {
+    STELLATRAIN_CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T)));
+  }
   ~device_array() { cudaFree(ptr); }
   device_array(const device_array&) = delete;
   device_array& operator=(const device_array&) = delete;
@@ -81,9 +84,12 @@ TEST_CASE("device conversions equal the host's", "[float16][cuda]") {
   STELLATRAIN_CUDA_CHECK(cudaGetLastError());
 
   device_array<float> in(sample.size());
-  device_array<std::uint16_t> h(sample.size()), b(sample.size()), ch(sample.size()), cb(sample.size());
-  STELLATRAIN_CUDA_CHECK(cudaMemcpy(in.ptr, sample.data(), sample.size() * sizeof(float), cudaMemcpyHostToDevice));
-  narrow<<<static_cast<unsigned>((sample.size() + 255) / 256), 256>>>(in.ptr, sample.size(), h.ptr, b.ptr, ch.ptr, cb.ptr);
+  device_array<std::uint16_t> h(sample.size()), b(sample.size()), ch(sample.size()),
+      cb(sample.size());
+  STELLATRAIN_CUDA_CHECK(
+      cudaMemcpy(in.ptr, sample.data(), sample.size() * sizeof(float), cudaMemcpyHostToDevice));
+  narrow<<<static_cast<unsigned>((sample.size() + 255) / 256), 256>>>(in.ptr, sample.size(), h.ptr,
+                                                                      b.ptr, ch.ptr, cb.ptr);
   STELLATRAIN_CUDA_CHECK(cudaGetLastError());
   STELLATRAIN_CUDA_CHECK(cudaDeviceSynchronize());
 

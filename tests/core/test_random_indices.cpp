@@ -29,9 +29,11 @@ std::vector<Index> sample(random_key key, std::uint64_t n, std::uint64_t k) {
 
 TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors", "[philox]") {
   require_block({{0, 0, 0, 0}}, {{0, 0}}, {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}});
-  require_block({{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, {{0xffffffffu, 0xffffffffu}},
+  require_block({{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}},
+                {{0xffffffffu, 0xffffffffu}},
                 {{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}});
-  require_block({{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, {{0xa4093822u, 0x299f31d0u}},
+  require_block({{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}},
+                {{0xa4093822u, 0x299f31d0u}},
                 {{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}});
   STATIC_REQUIRE(philox4x32_10({{0, 0, 0, 0}}, {{0, 0}}).word[0] == 0x6627e8d5u);
 }
@@ -70,9 +72,11 @@ TEST_CASE("uniform_below is unbiased for small bounds", "[philox]") {
   for (int i = 0; i < 1000; ++i) REQUIRE(rng.uniform_below(big) < big);
 }
 
-TEST_CASE("sample_sorted_indices returns k distinct ascending indices in range", "[random_indices]") {
+TEST_CASE("sample_sorted_indices returns k distinct ascending indices in range",
+          "[random_indices]") {
   for (std::uint64_t n : {1, 2, 63, 64, 65, 1000, 100003}) {
-    for (std::uint64_t k : {std::uint64_t{0}, std::uint64_t{1}, n / 3, n / 2, n / 2 + 1, n - 1, n, n + 5}) {
+    for (std::uint64_t k :
+         {std::uint64_t{0}, std::uint64_t{1}, n / 3, n / 2, n / 2 + 1, n - 1, n, n + 5}) {
       const auto s = sample({.seed = 11, .step = 2, .tensor = 5}, n, k);
       REQUIRE(s.size() == std::min(n, k));
       for (std::size_t i = 0; i < s.size(); ++i) {
@@ -83,7 +87,8 @@ TEST_CASE("sample_sorted_indices returns k distinct ascending indices in range",
   }
 }
 
-TEST_CASE("sample_sorted_indices is deterministic in the key and differs across steps", "[random_indices]") {
+TEST_CASE("sample_sorted_indices is deterministic in the key and differs across steps",
+          "[random_indices]") {
   const random_key key{.seed = 42, .step = 10, .tensor = 3};
   const auto a = sample(key, 1'000'000, 10'000);
   const auto b = sample(key, 1'000'000, 10'000);
@@ -92,11 +97,10 @@ TEST_CASE("sample_sorted_indices is deterministic in the key and differs across 
   REQUIRE(a != c);
   // The sort path (few draws) and the scan path give the same kind of result: compare the
   // 64-bit index instantiation against the 32-bit one.
-  REQUIRE(sample<std::uint64_t>(key, 1'000'000, 500) ==
-          [&] {
-            auto v = sample<std::uint32_t>(key, 1'000'000, 500);
-            return std::vector<std::uint64_t>(v.begin(), v.end());
-          }());
+  REQUIRE(sample<std::uint64_t>(key, 1'000'000, 500) == [&] {
+    auto v = sample<std::uint32_t>(key, 1'000'000, 500);
+    return std::vector<std::uint64_t>(v.begin(), v.end());
+  }());
 }
 
 TEST_CASE("every element is equally likely to be sampled (chi-square)", "[random_indices]") {
@@ -108,7 +112,8 @@ TEST_CASE("every element is equally likely to be sampled (chi-square)", "[random
     for (std::uint32_t step = 0; step < draws; ++step) {
       for (auto i : sample({.seed = 9, .step = step}, n, k)) counts[i] += 1;
     }
-    const double expected = static_cast<double>(draws) * static_cast<double>(k) / static_cast<double>(n);
+    const double expected =
+        static_cast<double>(draws) * static_cast<double>(k) / static_cast<double>(n);
     double chi2 = 0;
     for (double c : counts) chi2 += (c - expected) * (c - expected) / expected;
     // 99.9% quantile of chi-square with 49 degrees of freedom is 85.35.
@@ -140,8 +145,9 @@ TEST_CASE("sample_sorted_indices rejects bad arguments", "[random_indices]") {
   CHECK_THROWS_AS(sample_sorted_indices<std::uint32_t>({}, 1000, 5, out, ws), error);  // workspace
   std::vector<std::uint64_t> ws2(16);
   CHECK_THROWS_AS(sample_sorted_indices<std::uint32_t>({}, 1000, 6, out, ws2), error);  // output
-  CHECK_THROWS_AS(sample_sorted_indices<std::uint32_t>({}, (std::uint64_t{1} << 32) + 1, 1, out, ws2),
-                  error);  // index type
+  CHECK_THROWS_AS(
+      sample_sorted_indices<std::uint32_t>({}, (std::uint64_t{1} << 32) + 1, 1, out, ws2),
+      error);  // index type
 }
 
 namespace {
@@ -180,8 +186,8 @@ std::uint64_t fnv1a(const std::vector<std::uint64_t>& v) {
 
 TEST_CASE("sample_sorted_indices follows its documented definition exactly", "[random_indices]") {
   for (std::uint64_t n : {1, 2, 63, 64, 65, 127, 1000, 4097, 100'003}) {
-    for (std::uint64_t k : {std::uint64_t{1}, std::uint64_t{3}, n / 20, n / 16, n / 16 + 1, n / 3, n / 2, n / 2 + 1,
-                            n - 2, n}) {
+    for (std::uint64_t k : {std::uint64_t{1}, std::uint64_t{3}, n / 20, n / 16, n / 16 + 1, n / 3,
+                            n / 2, n / 2 + 1, n - 2, n}) {
       for (std::uint32_t step : {0u, 1u, 77u}) {
         CAPTURE(n, k, step);
         const random_key key{.seed = 0x1234567890abcdefull, .step = step, .tensor = 9};
@@ -206,7 +212,11 @@ TEST_CASE("sample_sorted_indices: pinned outputs", "[random_indices]") {
       {{42, 7, 3}, 100, 70, 0xbffcad8851375be1ull, {2, 3, 4, 5, 7}},
       {{5, 1, 2}, 1'000'000, 10'000, 0x46be6dbe5084575dull, {98, 517, 740, 776, 869}},
       {{9, 123, 4}, 1'000'000, 600'000, 0x7d10fa4ba0ff1d5cull, {0, 1, 2, 3, 4}},
-      {{0xdeadbeefcafef00dull, 4000000000u, 77}, 50'000'000, 250'000, 0x50bbbd06200da867ull, {192, 681, 689, 874, 1161}},
+      {{0xdeadbeefcafef00dull, 4000000000u, 77},
+       50'000'000,
+       250'000,
+       0x50bbbd06200da867ull,
+       {192, 681, 689, 874, 1161}},
       {{3, 3, 3}, 1'000'003, 500, 0x12dc4c057258be43ull, {360, 1032, 1626, 12408, 13388}},
   };
   for (const auto& c : cases) {

@@ -92,7 +92,8 @@ st::errc code_of(F&& f) {
 
 std::uint32_t le32(const std::vector<std::byte>& b, std::size_t at) {
   std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = v << 8 | std::to_integer<std::uint32_t>(b[at + static_cast<std::size_t>(i)]);
+  for (int i = 3; i >= 0; --i)
+    v = v << 8 | std::to_integer<std::uint32_t>(b[at + static_cast<std::size_t>(i)]);
   return v;
 }
 std::uint64_t le64(const std::vector<std::byte>& b, std::size_t at) {
@@ -114,8 +115,9 @@ TEST_CASE("a saved state round-trips through bytes, a buffer and a stream", "[sa
   CHECK(std::memcmp(buffer.data(), bytes.data(), bytes.size()) == 0);
   CHECK(buffer.back() == std::byte{0xee});
   std::vector<std::byte> small(size - 1);
-  CHECK(code_of([&] { (void)st::save_state_into(small, kind, [&](st::state_writer& w) { s.write(w); }); }) ==
-        errc::size_mismatch);
+  CHECK(code_of([&] {
+          (void)st::save_state_into(small, kind, [&](st::state_writer& w) { s.write(w); });
+        }) == errc::size_mismatch);
 
   std::stringstream ss;
   st::save_state_to(ss, kind, [&](st::state_writer& w) { s.write(w); });
@@ -154,7 +156,8 @@ TEST_CASE("the container's bytes are little-endian at the documented offsets", "
   CHECK(le64(b, b.size() - 8) == b.size());
 }
 
-TEST_CASE("every truncation and every corrupted byte of a saved state is refused", "[saved_state]") {
+TEST_CASE("every truncation and every corrupted byte of a saved state is refused",
+          "[saved_state]") {
   const sample s;
   const auto good = saved(s);
   for (std::size_t n = 0; n < good.size(); ++n) {
@@ -173,7 +176,8 @@ TEST_CASE("every truncation and every corrupted byte of a saved state is refused
       bad[at] ^= static_cast<std::byte>(flip);
       INFO("byte " << at << " ^ " << flip);
       const st::errc c = code_of([&] { (void)sample::read(bad); });
-      CHECK((c == errc::malformed_message || c == errc::checksum_mismatch || c == errc::version_mismatch));
+      CHECK((c == errc::malformed_message || c == errc::checksum_mismatch ||
+             c == errc::version_mismatch));
       seen.insert(c);
     }
   }
@@ -187,11 +191,13 @@ TEST_CASE("a saved state of another kind or version is refused", "[saved_state]"
   const auto bytes = saved(s);
   CHECK(code_of([&] { st::state_reader(bytes, st::state_kind::of("STELLOTH", 3), "x"); }) ==
         errc::malformed_message);
-  CHECK(code_of([&] { st::state_reader(bytes, st::state_kind::of("STELLTST", 4), "x"); }) == errc::version_mismatch);
+  CHECK(code_of([&] { st::state_reader(bytes, st::state_kind::of("STELLTST", 4), "x"); }) ==
+        errc::version_mismatch);
   CHECK(code_of([] { (void)st::state_kind::of("SHORT", 1); }) == errc::invalid_argument);
 }
 
-TEST_CASE("reading records out of order, past their end or leaving some is refused", "[saved_state]") {
+TEST_CASE("reading records out of order, past their end or leaving some is refused",
+          "[saved_state]") {
   const sample s;
   const auto bytes = saved(s);
   {
@@ -219,12 +225,16 @@ TEST_CASE("reading records out of order, past their end or leaving some is refus
   }
 }
 
-TEST_CASE("a writer whose passes disagree or whose tag is not 4 characters is refused", "[saved_state]") {
+TEST_CASE("a writer whose passes disagree or whose tag is not 4 characters is refused",
+          "[saved_state]") {
   int pass = 0;
   CHECK(code_of([&] {
           (void)st::save_state_bytes(kind, [&](st::state_writer& w) {
             ++pass;
-            w.record("DATA", [&](auto& r) { r.put(std::uint32_t{1}); if (pass == 2) r.put(std::uint8_t{2}); });
+            w.record("DATA", [&](auto& r) {
+              r.put(std::uint32_t{1});
+              if (pass == 2) r.put(std::uint8_t{2});
+            });
           });
         }) == errc::invalid_argument);
   pass = 0;
@@ -235,6 +245,7 @@ TEST_CASE("a writer whose passes disagree or whose tag is not 4 characters is re
           });
         }) == errc::invalid_argument);
   CHECK(code_of([&] {
-          (void)st::save_state_bytes(kind, [&](st::state_writer& w) { w.record("TOOLONG", [](auto&) {}); });
+          (void)st::save_state_bytes(
+              kind, [&](st::state_writer& w) { w.record("TOOLONG", [](auto&) {}); });
         }) == errc::invalid_argument);
 }

@@ -50,7 +50,8 @@ TEST_CASE("validate_sparse names the first bad position", "[sparse]") {
   std::vector<std::uint32_t> idx{1, 5, 5, 12};
   std::vector<float> val(4, 1.0f);
   sparse_view<const float, const std::uint32_t> v{idx, val, 10};
-  auto m = error_message([&] { validate_sparse(v, index_order::any, "tensor 7"); }, errc::out_of_range);
+  auto m =
+      error_message([&] { validate_sparse(v, index_order::any, "tensor 7"); }, errc::out_of_range);
   CHECK(m.find("tensor 7") != std::string::npos);
   CHECK(m.find("index 12 at position 3") != std::string::npos);
   m = error_message([&] { validate_sparse(v.subview(0, 3), index_order::strictly_ascending); },

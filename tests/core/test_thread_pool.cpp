@@ -66,7 +66,8 @@ TEST_CASE("bulk runs calls on several threads", "[thread_pool]") {
     // Hold every call until all four have started: only possible if they run concurrently.
     arrived.fetch_add(1);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (arrived.load() < 4 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    while (arrived.load() < 4 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
   });
   CHECK(arrived.load() == 4);
   CHECK(ids.size() == 4);
@@ -109,9 +110,7 @@ TEST_CASE("bulk rethrows the first exception and skips later calls", "[thread_po
 TEST_CASE("nested and concurrent bulk calls complete", "[thread_pool]") {
   thread_pool pool{2};
   std::atomic<std::uint64_t> total{0};
-  pool.bulk(8, [&](std::size_t) {
-    pool.bulk(100, [&](std::size_t j) { total.fetch_add(j); });
-  });
+  pool.bulk(8, [&](std::size_t) { pool.bulk(100, [&](std::size_t j) { total.fetch_add(j); }); });
   CHECK(total.load() == 8 * 4950);
 
   std::atomic<std::uint64_t> total2{0};
@@ -141,8 +140,8 @@ TEST_CASE("tasks that wait for each other run while workers poll or sleep", "[th
   // let the polling worker take the second task's wake-up as well would hang here. Also with
   // a stay_awake guard held throughout (workers poll after every task).
   using namespace std::chrono_literals;
-  for (const auto& [spin, awake] : {std::pair{0us, false}, std::pair{50us, false}, std::pair{20000us, false},
-                                    std::pair{0us, true}}) {
+  for (const auto& [spin, awake] : {std::pair{0us, false}, std::pair{50us, false},
+                                    std::pair{20000us, false}, std::pair{0us, true}}) {
     CAPTURE(spin.count(), awake);
     thread_pool pool{2, spin};
     CHECK(pool.spin() == spin);
@@ -173,13 +172,15 @@ TEST_CASE("at most threads() - 1 workers poll at once", "[thread_pool]") {
   CHECK(pool.polling_workers() == 0);
   std::latch started{3};
   std::vector<std::future<void>> tasks;
-  for (int i = 0; i < 3; ++i) tasks.push_back(pool.submit([&started] { started.arrive_and_wait(); }));
+  for (int i = 0; i < 3; ++i)
+    tasks.push_back(pool.submit([&started] { started.arrive_and_wait(); }));
   for (auto& t : tasks) t.get();
   // Watch until two workers have polled for 100 ms (or 2 s have passed).
   std::size_t most = 0;
   const auto start = std::chrono::steady_clock::now();
   auto seen_two = start + 2s;
-  for (auto now = start; now < std::min(start + 2s, seen_two + 100ms); now = std::chrono::steady_clock::now()) {
+  for (auto now = start; now < std::min(start + 2s, seen_two + 100ms);
+       now = std::chrono::steady_clock::now()) {
     const std::size_t polling = pool.polling_workers();
     if (polling >= 2 && most < 2) seen_two = now;
     most = std::max(most, polling);
@@ -197,7 +198,8 @@ TEST_CASE("a pool of one polls with its only worker", "[thread_pool]") {
   thread_pool pool{1, 3s};
   pool.submit([] {}).get();
   const auto until = std::chrono::steady_clock::now() + 2s;
-  while (pool.polling_workers() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  while (pool.polling_workers() == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::yield();
   CHECK(pool.polling_workers() == 1);
 }
 
@@ -210,7 +212,8 @@ TEST_CASE("a pool does not poll unless asked; a negative spin is taken as none",
   CHECK(ran.load() == 4);
 }
 
-TEST_CASE("stay_awake guards count, move and release; bulk stays correct under them", "[thread_pool]") {
+TEST_CASE("stay_awake guards count, move and release; bulk stays correct under them",
+          "[thread_pool]") {
   thread_pool pool{1};  // one worker fits any machine, so its guards are active
   CHECK(pool.awake_guards() == 0);
   {
@@ -254,7 +257,8 @@ TEST_CASE("stay_awake guards count, move and release; bulk stays correct under t
   CHECK(two.awake_guards() == 0);
 }
 
-TEST_CASE("stay_awake does nothing on an oversubscribed pool or an executor without it", "[thread_pool]") {
+TEST_CASE("stay_awake does nothing on an oversubscribed pool or an executor without it",
+          "[thread_pool]") {
   thread_pool big{hardware_threads() + 1};
   auto g = big.stay_awake();
   CHECK_FALSE(g.active());

@@ -26,12 +26,32 @@ namespace {
 
 std::vector<float> tricky_floats() {
   using limits = std::numeric_limits<float>;
-  std::vector<float> v{0.0f, -0.0f, 1.0f, -1.0f, 1.00390625f, 1.01171875f, 65504.0f, 65519.0f,
-                       65520.0f, 70000.0f, 6.0e-8f, 3.0e-8f, 2.9e-8f, 1.0e-6f, -6.1e-5f,
-                       3.3895313892515355e38f, limits::max(), limits::denorm_min(), limits::min(),
-                       limits::infinity(), -limits::infinity(), limits::quiet_NaN(),
-                       std::bit_cast<float>(0xff812345u), std::bit_cast<float>(0x7fa00001u),
-                       std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u),
+  std::vector<float> v{0.0f,
+                       -0.0f,
+                       1.0f,
+                       -1.0f,
+                       1.00390625f,
+                       1.01171875f,
+                       65504.0f,
+                       65519.0f,
+                       65520.0f,
+                       70000.0f,
+                       6.0e-8f,
+                       3.0e-8f,
+                       2.9e-8f,
+                       1.0e-6f,
+                       -6.1e-5f,
+                       3.3895313892515355e38f,
+                       limits::max(),
+                       limits::denorm_min(),
+                       limits::min(),
+                       limits::infinity(),
+                       -limits::infinity(),
+                       limits::quiet_NaN(),
+                       std::bit_cast<float>(0xff812345u),
+                       std::bit_cast<float>(0x7fa00001u),
+                       std::bit_cast<float>(0x3f808000u),
+                       std::bit_cast<float>(0x3f818000u),
                        std::bit_cast<float>(0x3f80fff0u)};
   std::mt19937 rng(1);
   for (int k = 0; k < 4000; ++k) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target over message_unpacker (see fuzz_unpack_body.hpp). Built by tests/fuzz/CMakeLists.txt
-// with clang and -fsanitize=fuzzer,address,undefined; run by scripts/fuzz.
+// libFuzzer target over message_unpacker (see fuzz_unpack_body.hpp). Built by
+// tests/fuzz/CMakeLists.txt with clang and -fsanitize=fuzzer,address,undefined; run by
+// scripts/fuzz.
 #include "fuzz_unpack_body.hpp"
 
 #include <cstddef>

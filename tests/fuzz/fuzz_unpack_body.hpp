@@ -29,8 +29,15 @@ namespace stellatrain::fuzz {
 
 /// The tensors the fuzzed receiver expects.
 inline std::vector<tensor_info> registered_tensors() {
-  return {{0, 1}, {1, 100}, {2, 65536}, {3, 70000}, {4, std::uint64_t{1} << 20}, {5, (std::uint64_t{1} << 33) + 3},
-          {7, 1000}, {9, 16}, {11, 50}};
+  return {{0, 1},
+          {1, 100},
+          {2, 65536},
+          {3, 70000},
+          {4, std::uint64_t{1} << 20},
+          {5, (std::uint64_t{1} << 33) + 3},
+          {7, 1000},
+          {9, 16},
+          {11, 50}};
 }
 
 /// The registered size of `tensor` (0 if it is not registered).
@@ -63,7 +70,8 @@ int unpack_one(const std::uint8_t* data, std::size_t size, Executor& ex) {
   const std::uint8_t options = data[0];
   std::vector<std::byte> message(size - 1);
   if (size > 1) std::memcpy(message.data(), data + 1, size - 1);
-  if ((options & 1u) != 0 && message.size() >= wire::message_header_bytes + wire::message_trailer_bytes) {
+  if ((options & 1u) != 0 &&
+      message.size() >= wire::message_header_bytes + wire::message_trailer_bytes) {
     const auto body = std::span<const std::byte>(message).first(message.size() - 4);
     detail::store_le<std::uint32_t>(message.data() + message.size() - 4, crc32c(body));
   }
@@ -83,8 +91,10 @@ int unpack_one(const std::uint8_t* data, std::size_t size, Executor& ex) {
     require(false, "decode after a failed parse did not throw");
     return 0;
   }
-  const auto controls = std::vector<control_info>(unpacker.info().controls.begin(), unpacker.info().controls.end());
-  const auto sections = std::vector<section_info>(unpacker.info().sections.begin(), unpacker.info().sections.end());
+  const auto controls =
+      std::vector<control_info>(unpacker.info().controls.begin(), unpacker.info().controls.end());
+  const auto sections =
+      std::vector<section_info>(unpacker.info().sections.begin(), unpacker.info().sections.end());
   require(unpacker.info().bytes == message.size(), "message size");
 
   message_packer packer;
@@ -109,18 +119,21 @@ int unpack_one(const std::uint8_t* data, std::size_t size, Executor& ex) {
       require(narrow.size() == s.count, "sparse_buffer size");
       for (std::size_t j = 0; j < s.count; ++j) {
         require(narrow.indices()[j] == indices[i][j], "32-bit decode");
-        require(same_value(to_float(narrow.values()[j]), to_float(bf16(values[i][j]))), "bf16 decode");
+        require(same_value(to_float(narrow.values()[j]), to_float(bf16(values[i][j]))),
+                "bf16 decode");
       }
     }
     if (s.indices == index_encoding::random_k) {
       packer.add_random_k<float>(s.tensor, s.random, s.dense_size, values[i], s.values);
     } else {
-      packer.add(s.tensor, sparse_view<const float, const std::uint64_t>(indices[i], values[i], s.dense_size),
+      packer.add(s.tensor,
+                 sparse_view<const float, const std::uint64_t>(indices[i], values[i], s.dense_size),
                  {.indices = s.indices, .values = s.values});
     }
   }
   for (const auto& c : controls) {
-    require(c.payload.data() >= message.data() && c.payload.data() + c.payload.size() <= message.data() + message.size(),
+    require(c.payload.data() >= message.data() &&
+                c.payload.data() + c.payload.size() <= message.data() + message.size(),
             "control payload inside the message");
     packer.add_control(c.type, c.payload);
   }
@@ -132,8 +145,8 @@ int unpack_one(const std::uint8_t* data, std::size_t size, Executor& ex) {
   require(info.controls.size() == controls.size(), "repacked control count");
   for (std::size_t i = 0; i < controls.size(); ++i) {
     require(info.controls[i].type == controls[i].type, "repacked control type");
-    require(std::equal(info.controls[i].payload.begin(), info.controls[i].payload.end(), controls[i].payload.begin(),
-                       controls[i].payload.end()),
+    require(std::equal(info.controls[i].payload.begin(), info.controls[i].payload.end(),
+                       controls[i].payload.begin(), controls[i].payload.end()),
             "repacked control payload");
   }
   for (std::size_t i = 0; i < sections.size(); ++i) {
@@ -143,7 +156,8 @@ int unpack_one(const std::uint8_t* data, std::size_t size, Executor& ex) {
     std::vector<float> val(sections[i].count);
     unpacker.decode(i, std::span<std::uint64_t>(idx), std::span<float>(val), ex);
     require(idx == indices[i], "repacked indices");
-    for (std::size_t j = 0; j < val.size(); ++j) require(same_value(val[j], values[i][j]), "repacked values");
+    for (std::size_t j = 0; j < val.size(); ++j)
+      require(same_value(val[j], values[i][j]), "repacked values");
   }
   return 0;
 }

@@ -62,8 +62,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   writer w{argv[1]};
-  const index_encoding encodings[] = {index_encoding::raw_u16,      index_encoding::raw_u32,
-                                      index_encoding::raw_u64,      index_encoding::delta_varint,
+  const index_encoding encodings[] = {index_encoding::raw_u16,         index_encoding::raw_u32,
+                                      index_encoding::raw_u64,         index_encoding::delta_varint,
                                       index_encoding::delta_bitpacked, index_encoding::bitmap};
   // One small section per index encoding, values cycling through the encodings.
   int e = 0;
@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
     p.clear(static_cast<std::uint64_t>(e));
     p.add(tensor, sparse_view<const float, const std::uint64_t>(idx, val, n),
           {.indices = ie, .values = static_cast<value_encoding>(1 + e % 3)});
-    w.save(std::string("single_") + std::string(name_of(ie)), p, static_cast<std::uint8_t>(e % 2 == 0 ? 0 : 2));
+    w.save(std::string("single_") + std::string(name_of(ie)), p,
+           static_cast<std::uint8_t>(e % 2 == 0 ? 0 : 2));
     ++e;
   }
   {  // Every encoding in one message, and a random_k section.
@@ -90,15 +91,16 @@ int main(int argc, char** argv) {
                                     index_encoding::raw_u32,      index_encoding::bitmap};
     for (int t = 0; t < 6; ++t) {
       const std::uint64_t n = registered_size(tensors[t]);
-      keep_i.push_back(sorted_random(n, std::min<std::uint64_t>(n, 30), static_cast<std::uint64_t>(t) + 100));
+      keep_i.push_back(
+          sorted_random(n, std::min<std::uint64_t>(n, 30), static_cast<std::uint64_t>(t) + 100));
       keep_v.push_back(some_values(keep_i.back().size(), static_cast<std::uint64_t>(t)));
     }
     for (int t = 0; t < 6; ++t) {
       const std::uint64_t n = registered_size(tensors[t]);
-      p.add(tensors[t], sparse_view<const float, const std::uint64_t>(keep_i[static_cast<std::size_t>(t)],
-                                                                      keep_v[static_cast<std::size_t>(t)], n),
-            {.indices = mixed[t],
-             .values = static_cast<value_encoding>(1 + t % 3)});
+      p.add(tensors[t],
+            sparse_view<const float, const std::uint64_t>(keep_i[static_cast<std::size_t>(t)],
+                                                          keep_v[static_cast<std::size_t>(t)], n),
+            {.indices = mixed[t], .values = static_cast<value_encoding>(1 + t % 3)});
     }
     const auto rv = some_values(7, 9);
     p.add_random_k<float>(11, {.seed = 5, .step = 2, .tensor = 11}, 50, rv, value_encoding::fp16);
@@ -107,7 +109,7 @@ int main(int argc, char** argv) {
   }
   {  // Exceptions: mostly small gaps, a few huge ones.
     std::vector<std::uint64_t> idx;
-      std::uint64_t x = 0;
+    std::uint64_t x = 0;
     for (std::uint64_t i = 0; i < 600; ++i) idx.push_back(x += (i % 97 == 0 ? 50000 : 3));
     const auto val = some_values(idx.size(), 3);
     message_packer p;
@@ -120,7 +122,8 @@ int main(int argc, char** argv) {
     const auto val = some_values(idx.size(), 4);
     for (auto ie : {index_encoding::delta_bitpacked, index_encoding::delta_varint}) {
       message_packer p;
-      p.add(2, sparse_view<const float, const std::uint64_t>(idx, val, 65536), {.indices = ie, .values = value_encoding::fp16});
+      p.add(2, sparse_view<const float, const std::uint64_t>(idx, val, 65536),
+            {.indices = ie, .values = value_encoding::fp16});
       w.save(std::string("two_chunks_") + std::string(name_of(ie)), p);
     }
   }
@@ -129,7 +132,8 @@ int main(int argc, char** argv) {
     auto idx = sorted_random(n, 200, 5);
     idx.back() = n - 1;
     const auto val = some_values(idx.size(), 5);
-    for (auto ie : {index_encoding::raw_u64, index_encoding::delta_varint, index_encoding::delta_bitpacked}) {
+    for (auto ie :
+         {index_encoding::raw_u64, index_encoding::delta_varint, index_encoding::delta_bitpacked}) {
       message_packer p;
       p.add(5, sparse_view<const float, const std::uint64_t>(idx, val, n), {.indices = ie});
       w.save(std::string("wide_") + std::string(name_of(ie)), p);
@@ -141,8 +145,10 @@ int main(int argc, char** argv) {
     w.save("empty_message", p);
     const std::vector<std::uint64_t> none;
     const std::vector<float> no_values;
-    p.add(1, sparse_view<const float, const std::uint64_t>(none, no_values, 100), {.indices = index_encoding::delta_bitpacked});
-    p.add(9, sparse_view<const float, const std::uint64_t>(none, no_values, 16), {.indices = index_encoding::bitmap});
+    p.add(1, sparse_view<const float, const std::uint64_t>(none, no_values, 100),
+          {.indices = index_encoding::delta_bitpacked});
+    p.add(9, sparse_view<const float, const std::uint64_t>(none, no_values, 16),
+          {.indices = index_encoding::bitmap});
     p.add_random_k<float>(11, {.seed = 1}, 50, no_values);
     w.save("empty_sections", p);
     message_packer q;
@@ -155,11 +161,13 @@ int main(int argc, char** argv) {
     const auto idx = sorted_random(1000, 40, 6);
     const auto val = some_values(idx.size(), 6);
     std::vector<std::byte> reports(88);
-    for (std::size_t i = 0; i < reports.size(); ++i) reports[i] = static_cast<std::byte>(i * 13 + 1);
+    for (std::size_t i = 0; i < reports.size(); ++i)
+      reports[i] = static_cast<std::byte>(i * 13 + 1);
     const std::vector<std::byte> app = {std::byte{0xca}, std::byte{0xfe}};
     message_packer p;
     p.clear(3);
-    p.add(7, sparse_view<const float, const std::uint64_t>(idx, val, 1000), {.values = value_encoding::bf16});
+    p.add(7, sparse_view<const float, const std::uint64_t>(idx, val, 1000),
+          {.values = value_encoding::bf16});
     p.add_control(control_type::step_reports, reports);
     p.add_control(control_type::first_application, app);
     w.save("control_sections", p);

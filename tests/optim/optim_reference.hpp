@@ -111,7 +111,8 @@ inline long first_mismatch(const std::vector<float>& expected, std::span<const f
   for (std::size_t i = 0; i < expected.size(); ++i) {
     const double a = expected[i];
     const double b = actual[i];
-    if (!(std::fabs(a - b) <= abs + rel * std::max(std::fabs(a), std::fabs(b)))) return static_cast<long>(i);
+    if (!(std::fabs(a - b) <= abs + rel * std::max(std::fabs(a), std::fabs(b))))
+      return static_cast<long>(i);
   }
   return -1;
 }

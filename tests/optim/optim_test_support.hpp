@@ -51,7 +51,8 @@ std::vector<Index> sorted_indices(std::size_t n, std::size_t count, std::uint64_
 }
 
 inline bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 inline bool same_bits(const std::vector<float>& a, std::span<const float> b) {
   return same_bits(std::span<const float>(a), b);
@@ -69,6 +70,8 @@ std::string error_message(F&& f, stellatrain::errc expected) {
   return {};
 }
 
-inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 }  // namespace optim_test

@@ -54,7 +54,9 @@ struct no_params {
   std::size_t add_tensor(std::span<const float>) { return 0; }
   std::size_t tensor_count() const { return 0; }
   template <executor E>
-  step_report step(std::size_t, std::span<const float>, E&) { return {}; }
+  step_report step(std::size_t, std::span<const float>, E&) {
+    return {};
+  }
 };
 
 }  // namespace

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The SIMD loads and stores of fp16 / bf16 values against the scalar conversions.
-#include <stellatrain/core/float16.hpp>
 #include <stellatrain/core/detail/value_convert.hpp>
+#include <stellatrain/core/float16.hpp>
 
 #include "catch.hpp"
 
@@ -22,15 +22,33 @@ constexpr std::size_t width = batch::size;
 // Floats that exercise every rounding path: ties, carries into the exponent, subnormals of
 // both formats, overflow, infinities, NaNs with payloads, signed zeros, and random bits.
 std::vector<float> tricky_floats() {
-  std::vector<float> v{0.0f, -0.0f, 1.0f, -1.0f, 1.00390625f, 1.01171875f, 65504.0f, 65519.0f,
-                       65520.0f, 70000.0f, 6.0e-8f, 3.0e-8f, 2.9e-8f, 1.0e-6f, -6.1e-5f,
-                       3.3895313892515355e38f, std::numeric_limits<float>::max(),
-                       std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(),
+  std::vector<float> v{0.0f,
+                       -0.0f,
+                       1.0f,
+                       -1.0f,
+                       1.00390625f,
+                       1.01171875f,
+                       65504.0f,
+                       65519.0f,
+                       65520.0f,
+                       70000.0f,
+                       6.0e-8f,
+                       3.0e-8f,
+                       2.9e-8f,
+                       1.0e-6f,
+                       -6.1e-5f,
+                       3.3895313892515355e38f,
+                       std::numeric_limits<float>::max(),
+                       std::numeric_limits<float>::denorm_min(),
+                       std::numeric_limits<float>::min(),
                        std::numeric_limits<float>::infinity(),
                        -std::numeric_limits<float>::infinity(),
-                       std::numeric_limits<float>::quiet_NaN(), std::bit_cast<float>(0xff812345u),
-                       std::bit_cast<float>(0x7fa00001u), std::bit_cast<float>(0x3f808000u),
-                       std::bit_cast<float>(0x3f818000u), std::bit_cast<float>(0x3f80fff0u)};
+                       std::numeric_limits<float>::quiet_NaN(),
+                       std::bit_cast<float>(0xff812345u),
+                       std::bit_cast<float>(0x7fa00001u),
+                       std::bit_cast<float>(0x3f808000u),
+                       std::bit_cast<float>(0x3f818000u),
+                       std::bit_cast<float>(0x3f80fff0u)};
   std::mt19937 rng(1);
   for (int k = 0; k < 4000; ++k) {
     v.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng())));

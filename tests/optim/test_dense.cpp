@@ -54,8 +54,12 @@ std::vector<adam_options> adam_cases() {
       {.lr = 5e-2f, .beta2 = 0.95f, .eps = 0.01f},
       {.lr = 1e-2f, .weight_decay = 0.1f, .decay = weight_decay_mode::decoupled},
       {.lr = 2e-2f, .beta2 = 0.9f, .amsgrad = true},
-      {.lr = 2e-2f, .beta2 = 0.9f, .weight_decay = 0.3f, .decay = weight_decay_mode::decoupled,
-       .amsgrad = true, .maximize = true},
+      {.lr = 2e-2f,
+       .beta2 = 0.9f,
+       .weight_decay = 0.3f,
+       .decay = weight_decay_mode::decoupled,
+       .amsgrad = true,
+       .maximize = true},
   };
 }
 
@@ -95,7 +99,8 @@ TEST_CASE("dense SGD follows PyTorch's update equations", "[optim][sgd][dense]")
   }
 }
 
-TEST_CASE("dense Adam, AdamW and AMSGrad follow PyTorch's update equations", "[optim][adam][dense]") {
+TEST_CASE("dense Adam, AdamW and AMSGrad follow PyTorch's update equations",
+          "[optim][adam][dense]") {
   int k = 0;
   for (const auto& o : adam_cases()) {
     for (std::size_t n : dense_sizes()) {
@@ -108,7 +113,8 @@ TEST_CASE("dense Adam, AdamW and AMSGrad follow PyTorch's update equations", "[o
       REQUIRE(first_mismatch(ref.v, opt.exp_avg_sq(0), 1e-6, 1e-7) == -1);
       if (o.amsgrad) {
         REQUIRE(first_mismatch(ref.vmax, opt.max_exp_avg_sq(0), 1e-6, 1e-7) == -1);
-        for (std::size_t i = 0; i < n; ++i) REQUIRE(opt.max_exp_avg_sq(0)[i] >= opt.exp_avg_sq(0)[i]);
+        for (std::size_t i = 0; i < n; ++i)
+          REQUIRE(opt.max_exp_avg_sq(0)[i] >= opt.exp_avg_sq(0)[i]);
       } else {
         CHECK(opt.max_exp_avg_sq(0).empty());
       }
@@ -127,7 +133,8 @@ TEST_CASE("AMSGrad keeps one maximum per element, not one per tensor", "[optim][
   CHECK(opt.max_exp_avg_sq(t)[1] < 1.0f);
 }
 
-TEST_CASE("dense results do not depend on the thread count or chunking", "[optim][dense][threads]") {
+TEST_CASE("dense results do not depend on the thread count or chunking",
+          "[optim][dense][threads]") {
   const std::size_t n = (std::size_t{1} << 20) + 5;  // many chunks and an odd tail
   thread_pool pool2{2};
   thread_pool pool3{3};
@@ -199,16 +206,16 @@ TEMPLATE_TEST_CASE("16-bit gradients give the same step as their float values", 
   }
 }
 
-TEMPLATE_TEST_CASE("a dense step writes the parameter copy in the same pass", "[optim][dense][copy]",
-                   fp16, bf16, float) {
+TEMPLATE_TEST_CASE("a dense step writes the parameter copy in the same pass",
+                   "[optim][dense][copy]", fp16, bf16, float) {
   thread_pool pool{2};
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, simd_width + 3, std::size_t{100'003}}) {
     auto init = normal(n, 8, 100.0f);
     if (n > 10) {
-      init[3] = 1e-6f;       // fp16 subnormal range
-      init[4] = 70000.0f;    // fp16 overflow: +inf
-      init[5] = -3.0e38f;    // bf16 rounds to -inf
-      init[6] = 1.00390625f; // bf16 tie: rounds to even
+      init[3] = 1e-6f;        // fp16 subnormal range
+      init[4] = 70000.0f;     // fp16 overflow: +inf
+      init[5] = -3.0e38f;     // bf16 rounds to -inf
+      init[6] = 1.00390625f;  // bf16 tie: rounds to even
     }
     adam_optimizer opt({.lr = 0.0f});  // lr 0: parameters stay exactly as given
     const auto t = opt.add_tensor(init);
@@ -246,7 +253,8 @@ TEST_CASE("non-finite dense gradients never reach the state", "[optim][dense][no
       std::vector<float> p, p_ref;
       std::vector<bf16> copy(n);
       if (adam) {
-        adam_optimizer opt({.lr = 1e-2f, .amsgrad = true, .nonfinite = nonfinite_policy::skip_elements});
+        adam_optimizer opt(
+            {.lr = 1e-2f, .amsgrad = true, .nonfinite = nonfinite_policy::skip_elements});
         reference_adam ref({.lr = 1e-2f, .amsgrad = true}, init, counting::per_tensor);
         opt.add_tensor(init);
         inline_executor ex;
@@ -298,7 +306,8 @@ TEST_CASE("non-finite dense gradients never reach the state", "[optim][dense][no
     sgd_optimizer opt({.lr = 0.1f, .momentum = 0.9f, .nonfinite = nonfinite_policy::raise});
     opt.add_tensor(init);
     thread_pool pool{2};
-    const auto m = error_message([&] { opt.step(0, std::span<const float>(g), pool); }, errc::not_finite);
+    const auto m =
+        error_message([&] { opt.step(0, std::span<const float>(g), pool); }, errc::not_finite);
     CHECK(contains(m, "tensor 0"));
     CHECK(contains(m, "position 1 "));
     CHECK(contains(m, "NaN"));
@@ -327,14 +336,18 @@ TEST_CASE("dense step argument errors", "[optim][dense][errors]") {
 }
 
 TEST_CASE("options PyTorch refuses are refused", "[optim][options]") {
-  auto bad_sgd = [](sgd_options o) { error_message([&] { sgd_optimizer x(o); }, errc::invalid_argument); };
+  auto bad_sgd = [](sgd_options o) {
+    error_message([&] { sgd_optimizer x(o); }, errc::invalid_argument);
+  };
   bad_sgd({.lr = -1.0f});
   bad_sgd({.momentum = -0.1f});
   bad_sgd({.weight_decay = -0.1f});
-  bad_sgd({.nesterov = true});                                  // nesterov needs momentum
+  bad_sgd({.nesterov = true});                                       // nesterov needs momentum
   bad_sgd({.momentum = 0.9f, .dampening = 0.1f, .nesterov = true});  // ... and no dampening
   bad_sgd({.lr = std::numeric_limits<float>::quiet_NaN()});
-  auto bad_adam = [](adam_options o) { error_message([&] { adam_optimizer x(o); }, errc::invalid_argument); };
+  auto bad_adam = [](adam_options o) {
+    error_message([&] { adam_optimizer x(o); }, errc::invalid_argument);
+  };
   bad_adam({.lr = -1.0f});
   bad_adam({.beta1 = 1.0f});
   bad_adam({.beta2 = -0.5f});

@@ -40,7 +40,8 @@ void compare_lazy(Optimizer& opt, Reference& ref, std::size_t n, double density,
   for (int s = 0; s < steps; ++s) {
     const auto count = static_cast<std::size_t>(std::ceil(density * static_cast<double>(n)));
     const auto idx = sorted_indices<Index>(n, count, seed * 100 + static_cast<std::uint64_t>(s));
-    auto val = normal(idx.size(), seed * 100 + 50 + static_cast<std::uint64_t>(s), s % 4 == 0 ? 2.0f : 0.3f);
+    auto val = normal(idx.size(), seed * 100 + 50 + static_cast<std::uint64_t>(s),
+                      s % 4 == 0 ? 2.0f : 0.3f);
     ref.sparse(idx, val);
     const auto r = opt.step(t, view<Index>{idx, val, n});
     REQUIRE(r.applied);
@@ -65,8 +66,9 @@ TEST_CASE("lazy SGD counts first steps per tensor or per element", "[optim][sgd]
       for (std::size_t n : {std::size_t{1}, std::size_t{17}, std::size_t{1000}}) {
         o.step_mode = mode;
         sgd_optimizer opt(o);
-        reference_sgd ref(o, normal(n, seed), mode == step_count::per_tensor ? counting::per_tensor
-                                                                             : counting::per_element);
+        reference_sgd ref(
+            o, normal(n, seed),
+            mode == step_count::per_tensor ? counting::per_tensor : counting::per_element);
         compare_lazy<std::uint32_t>(opt, ref, n, 0.3, 25, sgd_rel, sgd_abs, ++seed);
         if (mode == step_count::per_element) {
           for (std::size_t i = 0; i < n; ++i) REQUIRE(opt.element_steps(0)[i] == ref.touches[i]);
@@ -98,15 +100,18 @@ TEST_CASE("the two counting modes differ where they should", "[optim][sgd][adam]
     a.step(0, view<std::uint32_t>{i1, g, 2});
     // per element: a first step moves by exactly lr; per tensor: bias correction of step 2,
     // -lr * (0.5 / 0.75) / (sqrt(0.5) / sqrt(0.75)).
-    const float expected = mode == step_count::per_element ? -1.0f
-                                                           : static_cast<float>(-(0.5 / 0.75) / (std::sqrt(0.5) / std::sqrt(0.75)));
+    const float expected =
+        mode == step_count::per_element
+            ? -1.0f
+            : static_cast<float>(-(0.5 / 0.75) / (std::sqrt(0.5) / std::sqrt(0.75)));
     CHECK(a.params(0)[1] == Approx(expected).epsilon(1e-6));
     CHECK(a.params(0)[0] == Approx(-1.0f).epsilon(1e-6));
     CHECK(a.step_count_of(0) == 2);
   }
 }
 
-TEST_CASE("lazy Adam counts bias-correction steps per tensor or per element", "[optim][adam][sparse]") {
+TEST_CASE("lazy Adam counts bias-correction steps per tensor or per element",
+          "[optim][adam][sparse]") {
   const std::vector<adam_options> cases{
       {.lr = 1e-2f},
       {.lr = 2e-2f, .beta2 = 0.99f, .eps = 0.01f, .weight_decay = 0.1f},
@@ -119,8 +124,9 @@ TEST_CASE("lazy Adam counts bias-correction steps per tensor or per element", "[
       for (std::size_t n : {std::size_t{1}, std::size_t{17}, std::size_t{1000}}) {
         o.step_mode = mode;
         adam_optimizer opt(o);
-        reference_adam ref(o, normal(n, seed), mode == step_count::per_tensor ? counting::per_tensor
-                                                                              : counting::per_element);
+        reference_adam ref(
+            o, normal(n, seed),
+            mode == step_count::per_tensor ? counting::per_tensor : counting::per_element);
         compare_lazy<std::uint64_t>(opt, ref, n, 0.3, 25, adam_rel, adam_abs, ++seed);
         REQUIRE(first_mismatch(ref.v, opt.exp_avg_sq(0), 1e-6, 1e-7) == -1);
       }
@@ -128,7 +134,8 @@ TEST_CASE("lazy Adam counts bias-correction steps per tensor or per element", "[
   }
 }
 
-TEST_CASE("per-element bias correction stays exact past the end of its table", "[optim][adam][sparse]") {
+TEST_CASE("per-element bias correction stays exact past the end of its table",
+          "[optim][adam][sparse]") {
   // beta 0.5 / 0.6: the table ends after a few dozen steps; element 0 is touched every step,
   // element 1 every tenth: 300 steps run far past the table for one and inside it for the other.
   adam_options o{.lr = 1e-2f, .beta1 = 0.5f, .beta2 = 0.6f, .step_mode = step_count::per_element};
@@ -171,7 +178,8 @@ TEST_CASE("a sparse step over every index equals a dense step", "[optim][sparse]
       INFO("n = " << n);
 #if defined(__FMA__)
       // The scalar and the SIMD code may contract different multiply-adds into FMAs.
-      CHECK(first_mismatch(std::vector<float>(dense.params(0).begin(), dense.params(0).end()), sparse.params(0), 1e-6, 1e-7) == -1);
+      CHECK(first_mismatch(std::vector<float>(dense.params(0).begin(), dense.params(0).end()),
+                           sparse.params(0), 1e-6, 1e-7) == -1);
 #else
       CHECK(same_bits(dense.params(0), sparse.params(0)));
       CHECK(same_bits(dense.exp_avg_sq(0), sparse.exp_avg_sq(0)));
@@ -203,7 +211,8 @@ TEST_CASE("equal indices are summed into one update", "[optim][sparse]") {
     CHECK(same_bits(a.exp_avg(0), b.exp_avg(0)));
     if (mode == step_count::per_element) CHECK(a.element_steps(0)[2] == 1);
     // Every position of a run receives the element's new value in a compact copy.
-    for (std::size_t j = 0; j < dup.size(); ++j) CHECK(copy[j].bits() == fp16(a.params(0)[dup[j]]).bits());
+    for (std::size_t j = 0; j < dup.size(); ++j)
+      CHECK(copy[j].bits() == fp16(a.params(0)[dup[j]]).bits());
   }
 }
 
@@ -215,25 +224,37 @@ TEST_CASE("bad indices are an error and write nothing", "[optim][sparse][errors]
   opt.add_tensor(init);
   const std::vector<float> val(6000, 1.0f);
   std::vector<std::uint32_t> idx(6000);
-  for (std::size_t j = 0; j < idx.size(); ++j) idx[j] = static_cast<std::uint32_t>(j * n / idx.size());
+  for (std::size_t j = 0; j < idx.size(); ++j)
+    idx[j] = static_cast<std::uint32_t>(j * n / idx.size());
 
   SECTION("out of range, late in the input, after many valid indices") {
     idx.back() = 100;
-    const auto m = error_message([&] { opt.step(0, view<std::uint32_t>{idx, val, n}, pool); }, errc::out_of_range);
+    const auto m = error_message(
+        [&] {
+          opt.step(0, view<std::uint32_t>{idx, val, n}, pool);
+        },
+        errc::out_of_range);
     CHECK(contains(m, "index 100 at position 5999"));
     CHECK(contains(m, "tensor 0"));
   }
   SECTION("out of order") {
     idx[4000] = 3;
-    const auto m = error_message([&] { opt.step(0, view<std::uint32_t>{idx, val, n}, pool); }, errc::invalid_argument);
+    const auto m = error_message(
+        [&] {
+          opt.step(0, view<std::uint32_t>{idx, val, n}, pool);
+        },
+        errc::invalid_argument);
     CHECK(contains(m, "position 4000"));
     CHECK(contains(m, "sorted"));
   }
   SECTION("64-bit index beyond 2^32") {
     std::vector<std::uint64_t> idx64{1, std::uint64_t{1} << 33};
     const std::vector<float> v2{1.0f, 1.0f};
-    error_message([&] { opt.step(0, sparse_view<const float, const std::uint64_t>{idx64, v2, n}); },
-                  errc::out_of_range);
+    error_message(
+        [&] {
+          opt.step(0, sparse_view<const float, const std::uint64_t>{idx64, v2, n});
+        },
+        errc::out_of_range);
   }
   SECTION("dense size differs from the tensor") {
     error_message([&] { opt.step(0, view<std::uint32_t>{idx, val, n + 1}); }, errc::size_mismatch);
@@ -241,11 +262,17 @@ TEST_CASE("bad indices are an error and write nothing", "[optim][sparse][errors]
   SECTION("copy of the wrong size") {
     std::vector<bf16> copy(10);
     inline_executor ex;
-    error_message([&] { opt.step(0, view<std::uint32_t>{idx, val, n}, ex, param_copy<bf16>{copy}); },
-                  errc::size_mismatch);
-    error_message([&] {
-      opt.step(0, view<std::uint32_t>{idx, val, n}, ex, param_copy<bf16>{copy, copy_layout::dense});
-    }, errc::size_mismatch);
+    error_message(
+        [&] {
+          opt.step(0, view<std::uint32_t>{idx, val, n}, ex, param_copy<bf16>{copy});
+        },
+        errc::size_mismatch);
+    error_message(
+        [&] {
+          opt.step(0, view<std::uint32_t>{idx, val, n}, ex,
+                   param_copy<bf16>{copy, copy_layout::dense});
+        },
+        errc::size_mismatch);
   }
   CHECK(same_bits(init, opt.params(0)));
   for (float m : opt.exp_avg(0)) REQUIRE(m == 0.0f);
@@ -266,7 +293,8 @@ TEST_CASE("non-finite sparse gradients never reach the state", "[optim][sparse][
     opt.add_tensor(init);
     std::vector<bf16> copy(n, bf16(-7.0f));
     inline_executor ex;
-    const auto r = opt.step(0, view<std::uint32_t>{idx, val, n}, ex, param_copy<bf16>{copy, copy_layout::dense});
+    const auto r = opt.step(0, view<std::uint32_t>{idx, val, n}, ex,
+                            param_copy<bf16>{copy, copy_layout::dense});
     CHECK(r.applied);
     CHECK(r.nonfinite == 2);
     CHECK(r.updated == 1);
@@ -276,9 +304,9 @@ TEST_CASE("non-finite sparse gradients never reach the state", "[optim][sparse][
     CHECK(opt.element_steps(0)[9] == 0);
     CHECK(opt.element_steps(0)[20] == 1);
     CHECK(opt.params(0)[20] == init[20] - 0.1f * 0.5f);
-    CHECK(copy[9].bits() == bf16(init[9]).bits());   // unchanged value still copied
+    CHECK(copy[9].bits() == bf16(init[9]).bits());  // unchanged value still copied
     CHECK(copy[20].bits() == bf16(opt.params(0)[20]).bits());
-    CHECK(copy[0].bits() == bf16(-7.0f).bits());     // untouched positions not written
+    CHECK(copy[0].bits() == bf16(-7.0f).bits());  // untouched positions not written
   }
   SECTION("skip_tensor") {
     adam_optimizer opt({.nonfinite = nonfinite_policy::skip_tensor});
@@ -294,14 +322,19 @@ TEST_CASE("non-finite sparse gradients never reach the state", "[optim][sparse][
     opt.add_tensor(init);
     const std::vector<std::uint32_t> idx2{9, 9, 20};
     const std::vector<float> val2{big, big, 0.5f};
-    const auto m = error_message([&] { opt.step(0, view<std::uint32_t>{idx2, val2, n}); }, errc::not_finite);
+    const auto m = error_message(
+        [&] {
+          opt.step(0, view<std::uint32_t>{idx2, val2, n});
+        },
+        errc::not_finite);
     CHECK(contains(m, "index 9"));
     CHECK(contains(m, "+inf"));
     CHECK(same_bits(init, opt.params(0)));
   }
 }
 
-TEST_CASE("a run of equal indices across the pre-pass chunks counts once", "[optim][sparse][nonfinite]") {
+TEST_CASE("a run of equal indices across the pre-pass chunks counts once",
+          "[optim][sparse][nonfinite]") {
   // 100K entries in runs of (mostly) 4 over 25001 elements: with 2 threads the pre-pass splits
   // into chunks of 32768 entries, so the run at 32766..32769 straddles the first boundary.
   const std::size_t n = 25'001;
@@ -322,8 +355,8 @@ TEST_CASE("a run of equal indices across the pre-pass chunks counts once", "[opt
   }
 }
 
-TEMPLATE_TEST_CASE("a sparse step writes compact or dense parameter copies", "[optim][sparse][copy]",
-                   fp16, bf16, float) {
+TEMPLATE_TEST_CASE("a sparse step writes compact or dense parameter copies",
+                   "[optim][sparse][copy]", fp16, bf16, float) {
   const std::size_t n = 1000;
   const auto init = normal(n, 91);
   const auto idx = sorted_indices<std::uint32_t>(n, 123, 92);
@@ -334,7 +367,8 @@ TEMPLATE_TEST_CASE("a sparse step writes compact or dense parameter copies", "[o
   std::vector<TestType> compact(idx.size());
   std::vector<TestType> mirror(n, from_float<TestType>(0.0f));
   opt.step(0, view<std::uint32_t>{idx, val, n}, pool, param_copy<TestType>{compact});
-  opt.step(0, view<std::uint32_t>{idx, val, n}, pool, param_copy<TestType>{mirror, copy_layout::dense});
+  opt.step(0, view<std::uint32_t>{idx, val, n}, pool,
+           param_copy<TestType>{mirror, copy_layout::dense});
   std::size_t j = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const TestType now = from_float<TestType>(opt.params(0)[i]);

@@ -58,13 +58,15 @@ TEMPLATE_TEST_CASE("a restored state continues bit-identically", "[optim][state]
   using options = std::remove_cvref_t<decltype(std::declval<TestType>().options())>;
   std::vector<options> cases;
   if constexpr (std::is_same_v<TestType, sgd_optimizer>) {
-    cases = {{.lr = 0.1f, .momentum = 0.9f, .nesterov = true},
-             {.lr = 0.1f, .momentum = 0.9f, .dampening = 0.2f, .step_mode = step_count::per_element},
-             {.lr = 0.1f, .weight_decay = 0.1f}};
+    cases = {
+        {.lr = 0.1f, .momentum = 0.9f, .nesterov = true},
+        {.lr = 0.1f, .momentum = 0.9f, .dampening = 0.2f, .step_mode = step_count::per_element},
+        {.lr = 0.1f, .weight_decay = 0.1f}};
   } else {
-    cases = {{.lr = 1e-2f},
-             {.lr = 1e-2f, .weight_decay = 0.1f, .decay = weight_decay_mode::decoupled, .amsgrad = true},
-             {.lr = 1e-2f, .amsgrad = true, .step_mode = step_count::per_element}};
+    cases = {
+        {.lr = 1e-2f},
+        {.lr = 1e-2f, .weight_decay = 0.1f, .decay = weight_decay_mode::decoupled, .amsgrad = true},
+        {.lr = 1e-2f, .amsgrad = true, .step_mode = step_count::per_element}};
   }
   for (const auto& o : cases) {
     TestType a(o);
@@ -91,8 +93,8 @@ TEMPLATE_TEST_CASE("a restored state continues bit-identically", "[optim][state]
       } else {
         CHECK(same_bits(a.momentum_buffer(t), b.momentum_buffer(t)));
       }
-      CHECK(std::equal(a.element_steps(t).begin(), a.element_steps(t).end(), b.element_steps(t).begin(),
-                       b.element_steps(t).end()));
+      CHECK(std::equal(a.element_steps(t).begin(), a.element_steps(t).end(),
+                       b.element_steps(t).begin(), b.element_steps(t).end()));
     }
     // Through streams as well.
     std::stringstream ss;
@@ -143,7 +145,8 @@ TEST_CASE("the saved state follows the documented layout", "[optim][state]") {
   CHECK(p0 == a.params(1)[0]);
 }
 
-TEST_CASE("corrupted, truncated and foreign states are refused and change nothing", "[optim][state][errors]") {
+TEST_CASE("corrupted, truncated and foreign states are refused and change nothing",
+          "[optim][state][errors]") {
   adam_optimizer a({.lr = 1e-2f, .amsgrad = true, .step_mode = step_count::per_element});
   register_tensors(a);
   train(a, 0, 3);
@@ -187,9 +190,11 @@ TEST_CASE("corrupted, truncated and foreign states are refused and change nothin
     CHECK(contains(refused(bad, f.code), f.says));
   }
   // Truncated anywhere.
-  for (std::size_t keep : {std::size_t{0}, std::size_t{31}, t1 + 10, t1 + 44 + 999, good.size() - 1}) {
+  for (std::size_t keep :
+       {std::size_t{0}, std::size_t{31}, t1 + 10, t1 + 44 + 999, good.size() - 1}) {
     INFO("truncated to " << keep);
-    auto cut = std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(keep));
+    auto cut =
+        std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(keep));
     const auto m = refused(cut, errc::malformed_message);
     CHECK((contains(m, "ends inside") || contains(m, "past the end of the input")));
   }
@@ -229,17 +234,20 @@ TEST_CASE("a state of another optimizer or shape is refused", "[optim][state][er
   {
     adam_optimizer b({.lr = 1e-2f, .decay = weight_decay_mode::decoupled, .amsgrad = true});
     register_tensors(b);
-    CHECK(contains(error_message([&] { b.load_state(bytes); }, errc::invalid_argument), "decoupled"));
+    CHECK(
+        contains(error_message([&] { b.load_state(bytes); }, errc::invalid_argument), "decoupled"));
   }
   {
     sgd_optimizer s({.lr = 0.1f, .momentum = 0.9f});
     register_tensors(s);
-    CHECK(contains(error_message([&] { s.load_state(bytes); }, errc::invalid_argument), "adam optimizer"));
+    CHECK(contains(error_message([&] { s.load_state(bytes); }, errc::invalid_argument),
+                   "adam optimizer"));
   }
   {
     adam_optimizer b({.lr = 1e-2f, .amsgrad = true});
     b.add_tensor(std::vector<float>{});
-    CHECK(contains(error_message([&] { b.load_state(bytes); }, errc::size_mismatch), "holds 2 tensors"));
+    CHECK(contains(error_message([&] { b.load_state(bytes); }, errc::size_mismatch),
+                   "holds 2 tensors"));
   }
   {
     adam_optimizer b({.lr = 1e-2f, .amsgrad = true});

@@ -54,8 +54,8 @@ selection<I> random_selection(std::uint64_t n, std::uint64_t k, std::uint64_t se
 
 /// Packs one section and returns the message.
 template <class V, class I, class Executor = inline_executor>
-std::vector<std::byte> pack_one(std::uint32_t tensor, sparse_view<const V, const I> s, section_options options = {},
-                                std::uint64_t tag = 0) {
+std::vector<std::byte> pack_one(std::uint32_t tensor, sparse_view<const V, const I> s,
+                                section_options options = {}, std::uint64_t tag = 0) {
   Executor ex;
   message_packer packer;
   packer.clear(tag);

@@ -23,7 +23,8 @@ namespace {
 
 // Index -> value: -0.0f plus each input's value in input order, then times `scale`.
 template <class V, class I>
-std::map<std::uint64_t, float> reference(const std::vector<sparse_view<const V, const I>>& in, float scale) {
+std::map<std::uint64_t, float> reference(const std::vector<sparse_view<const V, const I>>& in,
+                                         float scale) {
   std::map<std::uint64_t, float> sum;
   for (const auto& s : in) {
     for (std::size_t j = 0; j < s.size(); ++j) {
@@ -41,12 +42,14 @@ void check_merge(const std::vector<sparse_view<const V, const I>>& in, reduction
   const std::span<const sparse_view<const V, const I>> inputs(in);
   sparse_buffer<float, I> out(0, merge_capacity(inputs) + 1);
   merger.merge(inputs, out, op, ex);
-  const auto ref = reference(in, op == reduction::mean ? 1.0f / static_cast<float>(in.size()) : 1.0f);
+  const auto ref =
+      reference(in, op == reduction::mean ? 1.0f / static_cast<float>(in.size()) : 1.0f);
   REQUIRE(out.size() == ref.size());
   REQUIRE(out.dense_size() == in[0].dense_size());
   std::size_t j = 0;
   for (const auto& [i, v] : ref) {
-    if (out.indices()[j] != i) FAIL("position " << j << ": index " << out.indices()[j] << " != " << i);
+    if (out.indices()[j] != i)
+      FAIL("position " << j << ": index " << out.indices()[j] << " != " << i);
     if (std::bit_cast<std::uint32_t>(out.values()[j]) != std::bit_cast<std::uint32_t>(v)) {
       FAIL("index " << i << ": " << out.values()[j] << " != " << v);
     }
@@ -63,7 +66,8 @@ void check_merge(const std::vector<sparse_view<const V, const I>>& in, reduction
         if (dense[i] != 0.0f) FAIL("dense " << i << " = " << dense[i] << ", expected 0");
       } else {
         ++touched;
-        if (dense[i] != it->second) FAIL("dense " << i << " = " << dense[i] << " != " << it->second);
+        if (dense[i] != it->second)
+          FAIL("dense " << i << " = " << dense[i] << " != " << it->second);
       }
     }
     CHECK(touched == ref.size());
@@ -87,7 +91,8 @@ std::vector<sparse_view<const float, const I>> views(const std::vector<test::sel
 
 }  // namespace
 
-TEST_CASE("merge: equals the reference for 1..9 inputs, densities and windows", "[pack][aggregate]") {
+TEST_CASE("merge: equals the reference for 1..9 inputs, densities and windows",
+          "[pack][aggregate]") {
   thread_pool pool(3);
   inline_executor one;
   for (std::size_t w : {1, 2, 3, 4, 9}) {
@@ -95,7 +100,8 @@ TEST_CASE("merge: equals the reference for 1..9 inputs, densities and windows", 
       const std::uint64_t n = 300007;
       std::vector<test::selection<std::uint32_t>> s;
       for (std::size_t r = 0; r < w; ++r) {
-        s.push_back(random_selection<std::uint32_t>(n, static_cast<std::uint64_t>(d * n) + r, 100 * w + r));
+        s.push_back(
+            random_selection<std::uint32_t>(n, static_cast<std::uint64_t>(d * n) + r, 100 * w + r));
       }
       INFO("inputs " << w << " density " << d);
       check_merge(views(s), reduction::sum, pool);
@@ -118,7 +124,9 @@ TEST_CASE("merge: dense and sparse stretches in one merge", "[pack][aggregate]")
     std::mt19937_64 rng(r);
     for (std::uint64_t i = 0; i < n; ++i) {
       const bool in_cluster = (i / 20000) % 7 == r;  // 20000-index clusters, other places per input
-      const bool chosen = in_cluster ? rng() % 3 == 0 : std::binary_search(sparse.indices.begin(), sparse.indices.end(), i);
+      const bool chosen = in_cluster
+                              ? rng() % 3 == 0
+                              : std::binary_search(sparse.indices.begin(), sparse.indices.end(), i);
       if (chosen) {
         mixed.indices.push_back(static_cast<std::uint32_t>(i));
         mixed.values.push_back(static_cast<float>(rng() % 1000) / 8.0f - 60.0f);
@@ -157,7 +165,8 @@ TEST_CASE("merge: window and tensor edges, empty inputs, identical inputs", "[pa
 TEST_CASE("merge: large inputs split across threads give the same bits", "[pack][aggregate]") {
   const std::uint64_t n = 5000000;
   std::vector<test::selection<std::uint32_t>> s;
-  for (std::uint32_t r = 0; r < 4; ++r) s.push_back(random_selection<std::uint32_t>(n, 60000 + r * 1000, r));
+  for (std::uint32_t r = 0; r < 4; ++r)
+    s.push_back(random_selection<std::uint32_t>(n, 60000 + r * 1000, r));
   const auto in = views(s);
   sparse_merger m1, m4;
   inline_executor one;
@@ -192,13 +201,15 @@ TEST_CASE("merge: a chunk spanning more windows than a thread marks ahead", "[pa
   require_same_bits(a, b);
 }
 
-TEST_CASE("merge: a bad input in one chunk fails the whole merge, and the merger stays usable", "[pack][aggregate]") {
+TEST_CASE("merge: a bad input in one chunk fails the whole merge, and the merger stays usable",
+          "[pack][aggregate]") {
   // Many chunks on 3 threads: the chunk that finds the error must release the chunks after it
   // (which wait for its count), or the merge would hang.
   thread_pool pool(3);
   const std::uint64_t n = 5000000;
   std::vector<test::selection<std::uint32_t>> s;
-  for (std::uint32_t r = 0; r < 4; ++r) s.push_back(random_selection<std::uint32_t>(n, 60000 + r * 1000, 40 + r));
+  for (std::uint32_t r = 0; r < 4; ++r)
+    s.push_back(random_selection<std::uint32_t>(n, 60000 + r * 1000, 40 + r));
   const auto good = views(s);
   sparse_buffer<float> expected(0, 300000), out(0, 300000);
   sparse_merger fresh;
@@ -210,7 +221,8 @@ TEST_CASE("merge: a bad input in one chunk fails the whole merge, and the merger
   };
   // Two neighbours in different windows swapped, at several places of one input (in different
   // chunks).
-  for (std::size_t at : {std::size_t{100}, std::size_t{20000}, std::size_t{31000}, std::size_t{45000}}) {
+  for (std::size_t at :
+       {std::size_t{100}, std::size_t{20000}, std::size_t{31000}, std::size_t{45000}}) {
     auto bad = s;
     auto& idx = bad[2].indices;
     while (idx[at] / 16384 == idx[at + 1] / 16384) ++at;
@@ -220,7 +232,8 @@ TEST_CASE("merge: a bad input in one chunk fails the whole merge, and the merger
   }
   auto outside = s;
   outside[1].indices.back() = static_cast<std::uint32_t>(n);
-  CHECK_THROWS_WITH(merge_with(outside), Catch::Matchers::Contains("index 5000000 is not below the tensor size 5000000"));
+  CHECK_THROWS_WITH(merge_with(outside), Catch::Matchers::Contains(
+                                             "index 5000000 is not below the tensor size 5000000"));
   // The same merger, after the failures, merges as a fresh one does.
   m.merge<float, std::uint32_t>(good, out, reduction::sum, pool);
   require_same_bits(out, expected);
@@ -269,7 +282,8 @@ TEST_CASE("merge and scatter_add: bad inputs are refused", "[pack][aggregate]") 
     m.scatter_add<float, std::uint32_t>(in, dense, reduction::sum, ex);
   };
   CHECK_THROWS_WITH(merge({a, unsorted}), Catch::Matchers::Contains("not sorted"));
-  CHECK_THROWS_WITH(merge({outside}), Catch::Matchers::Contains("index 100000 is not below the tensor size 100000"));
+  CHECK_THROWS_WITH(merge({outside}),
+                    Catch::Matchers::Contains("index 100000 is not below the tensor size 100000"));
   CHECK_THROWS_WITH(merge({a, other_size}), Catch::Matchers::Contains("input 1 has dense size 5"));
   CHECK_THROWS_WITH(merge({}), Catch::Matchers::Contains("no inputs"));
   CHECK_THROWS_WITH(scatter({a, unsorted}), Catch::Matchers::Contains("not sorted"));
@@ -299,13 +313,17 @@ TEST_CASE("aggregate: merges sparse unions, scatters dense ones", "[pack][aggreg
   std::vector<float> dense(n, 5.0f);
   const auto lin = views(low);
   const auto hin = views(high);
-  CHECK(m.aggregate<float, std::uint32_t>(lin, sparse, dense, {.op = reduction::mean}, pool) == aggregate_kind::sparse);
+  CHECK(m.aggregate<float, std::uint32_t>(lin, sparse, dense, {.op = reduction::mean}, pool) ==
+        aggregate_kind::sparse);
   CHECK(sparse.size() > 1500);
   CHECK(dense[0] == 5.0f);
-  CHECK(m.aggregate<float, std::uint32_t>(hin, sparse, dense, {.op = reduction::mean, .dense_threshold = 0.4}, pool) ==
-        aggregate_kind::dense);
+  CHECK(m.aggregate<float, std::uint32_t>(hin, sparse, dense,
+                                          {.op = reduction::mean, .dense_threshold = 0.4},
+                                          pool) == aggregate_kind::dense);
   const auto ref = reference(hin, 0.25f);
   for (const auto& [i, v] : ref) REQUIRE(dense[i] == v);
-  CHECK(m.aggregate<float, std::uint32_t>(hin, sparse, dense, {.dense_threshold = 0.41}, pool) == aggregate_kind::sparse);
-  CHECK(m.aggregate<float, std::uint32_t>(hin, sparse, {}, {.dense_threshold = 0.0}, pool) == aggregate_kind::sparse);
+  CHECK(m.aggregate<float, std::uint32_t>(hin, sparse, dense, {.dense_threshold = 0.41}, pool) ==
+        aggregate_kind::sparse);
+  CHECK(m.aggregate<float, std::uint32_t>(hin, sparse, {}, {.dense_threshold = 0.0}, pool) ==
+        aggregate_kind::sparse);
 }

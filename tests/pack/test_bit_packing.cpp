@@ -116,8 +116,16 @@ TEST_CASE("horizontal packing round-trips and reports padding", "[pack][bits]") 
 }
 
 TEST_CASE("varints: sizes, round trip, and malformed input", "[pack][varint]") {
-  const std::uint64_t values[] = {0, 1, 127, 128, 300, 16383, 16384, (1ull << 35) + 5,
-                                  (1ull << 63), std::numeric_limits<std::uint64_t>::max()};
+  const std::uint64_t values[] = {0,
+                                  1,
+                                  127,
+                                  128,
+                                  300,
+                                  16383,
+                                  16384,
+                                  (1ull << 35) + 5,
+                                  (1ull << 63),
+                                  std::numeric_limits<std::uint64_t>::max()};
   for (std::uint64_t x : values) {
     std::byte buf[10];
     std::byte* end = write_varint(buf, x);
@@ -147,14 +155,30 @@ TEST_CASE("varints: sizes, round trip, and malformed input", "[pack][varint]") {
 namespace {
 
 std::vector<float> special_floats() {
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 0.1f, 65504.0f, 65520.0f, 1e-8f, -3e-5f, 6.1e-5f,
-                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
-                          std::numeric_limits<float>::quiet_NaN(), std::bit_cast<float>(0x7f800001u),
-                          std::bit_cast<float>(0xffc12345u), 1.0f + 1.0f / 256.0f, 1.0f + 3.0f / 512.0f,
-                          std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u)};
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          0.1f,
+                          65504.0f,
+                          65520.0f,
+                          1e-8f,
+                          -3e-5f,
+                          6.1e-5f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::denorm_min(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          std::bit_cast<float>(0x7f800001u),
+                          std::bit_cast<float>(0xffc12345u),
+                          1.0f + 1.0f / 256.0f,
+                          1.0f + 3.0f / 512.0f,
+                          std::bit_cast<float>(0x3f808000u),
+                          std::bit_cast<float>(0x3f818000u)};
   std::mt19937_64 rng(5);
-  for (int i = 0; i < 2000; ++i) v.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng())));
+  for (int i = 0; i < 2000; ++i)
+    v.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng())));
   return v;
 }
 
@@ -189,8 +213,8 @@ template <class V>
 void check_value_codec() {
   const auto values = as<V>(special_floats());
   for (auto enc : {value_encoding::fp32, value_encoding::fp16, value_encoding::bf16}) {
-    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9},
-                          std::size_t{17}, values.size()}) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8},
+                          std::size_t{9}, std::size_t{17}, values.size()}) {
       INFO("encoding " << name_of(enc) << " count " << n);
       std::vector<std::byte> wire(n * value_bytes(enc) + 1, std::byte{0x5A});
       encode_values(values.data(), n, enc, wire.data() + 1);  // odd address on purpose
@@ -199,8 +223,8 @@ void check_value_codec() {
       for (std::size_t i = 0; i < n; ++i) {
         const V expect = through_wire(values[i], enc);
         if (bits_of(back[i]) != bits_of(expect)) {
-          FAIL("value " << i << ": bits " << std::hex << bits_of(values[i]) << " came back as " << bits_of(back[i])
-                        << ", expected " << bits_of(expect));
+          FAIL("value " << i << ": bits " << std::hex << bits_of(values[i]) << " came back as "
+                        << bits_of(back[i]) << ", expected " << bits_of(expect));
         }
       }
       // The wire bytes are little-endian values of the encoding.
@@ -225,8 +249,8 @@ TEST_CASE("value payloads: every value type through every encoding matches the s
 
 TEST_CASE("gap counts and exception positions equal their scalar definitions", "[pack][bits]") {
   std::mt19937_64 rng(17);
-  for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9}, std::size_t{100},
-                            std::size_t{256}}) {
+  for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9},
+                            std::size_t{100}, std::size_t{256}}) {
     for (int trial = 0; trial < 20; ++trial) {
       // Gaps of mixed widths, some at the extremes (0 and 2^32 - 1).
       std::vector<std::uint32_t> d(count);
@@ -261,8 +285,10 @@ TEST_CASE("crc32c_combine and the parallel checksum equal the sequential CRC", "
   std::vector<std::byte> data(3 * crc32c_parallel_grain + 12345);
   for (auto& b : data) b = static_cast<std::byte>(rng());
   const auto all = std::span<const std::byte>(data);
-  for (std::size_t cut : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, data.size() - 1, data.size()}) {
-    CHECK(crc32c_combine(crc32c(all.first(cut)), crc32c(all.subspan(cut)), data.size() - cut) == crc32c(all));
+  for (std::size_t cut :
+       {std::size_t{0}, std::size_t{1}, std::size_t{1000}, data.size() - 1, data.size()}) {
+    CHECK(crc32c_combine(crc32c(all.first(cut)), crc32c(all.subspan(cut)), data.size() - cut) ==
+          crc32c(all));
   }
   thread_pool pool(3);
   CHECK(crc32c_parallel(all, pool) == crc32c(all));
@@ -272,7 +298,8 @@ TEST_CASE("crc32c_combine and the parallel checksum equal the sequential CRC", "
   // Pieces checksummed apart (empty ones included) and appended in order.
   std::uint32_t running = crc32c(all.first(10));
   std::size_t at = 10;
-  for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{0}, std::size_t{77777}}) {
+  for (std::size_t length :
+       {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{0}, std::size_t{77777}}) {
     running = crc32c_piece::of(all.subspan(at, length)).after(running);
     at += length;
   }

@@ -24,7 +24,8 @@ std::filesystem::path corpus_folder() {
 
 std::vector<std::vector<std::uint8_t>> seeds() {
   std::vector<std::filesystem::path> files;
-  for (const auto& entry : std::filesystem::directory_iterator(corpus_folder())) files.push_back(entry.path());
+  for (const auto& entry : std::filesystem::directory_iterator(corpus_folder()))
+    files.push_back(entry.path());
   std::sort(files.begin(), files.end());
   std::vector<std::vector<std::uint8_t>> out;
   for (const auto& f : files) {
@@ -36,7 +37,8 @@ std::vector<std::vector<std::uint8_t>> seeds() {
 
 }  // namespace
 
-TEST_CASE("fuzz corpus: every seed is a valid message that survives the fuzz body", "[pack][fuzz]") {
+TEST_CASE("fuzz corpus: every seed is a valid message that survives the fuzz body",
+          "[pack][fuzz]") {
   const auto all = seeds();
   REQUIRE(all.size() >= 15);
   for (const auto& s : all) {
@@ -62,13 +64,22 @@ TEST_CASE("fuzz corpus: mutations of the seeds never crash", "[pack][fuzz]") {
       for (std::size_t e = 0; e < edits && s.size() > 1; ++e) {
         const std::size_t at = 1 + rng() % (s.size() - 1);
         switch (rng() % 5) {
-          case 0: s[at] ^= static_cast<std::uint8_t>(1u << (rng() % 8)); break;
-          case 1: s[at] = static_cast<std::uint8_t>(rng()); break;
-          case 2: s.resize(at); break;
-          case 3: s.insert(s.begin() + static_cast<std::ptrdiff_t>(at), static_cast<std::uint8_t>(rng())); break;
+          case 0:
+            s[at] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+            break;
+          case 1:
+            s[at] = static_cast<std::uint8_t>(rng());
+            break;
+          case 2:
+            s.resize(at);
+            break;
+          case 3:
+            s.insert(s.begin() + static_cast<std::ptrdiff_t>(at), static_cast<std::uint8_t>(rng()));
+            break;
           default: {  // a plausible small number in a 64-bit field
             const std::uint64_t v = rng() % 3 == 0 ? rng() : rng() % 70000;
-            for (std::size_t b = 0; b < 8 && at + b < s.size(); ++b) s[at + b] = static_cast<std::uint8_t>(v >> (8 * b));
+            for (std::size_t b = 0; b < 8 && at + b < s.size(); ++b)
+              s[at + b] = static_cast<std::uint8_t>(v >> (8 * b));
           }
         }
       }

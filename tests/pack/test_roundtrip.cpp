@@ -22,9 +22,11 @@ using stellatrain::test::random_selection;
 namespace {
 
 const index_encoding all_index_encodings[] = {
-    index_encoding::automatic, index_encoding::raw_u16,      index_encoding::raw_u32, index_encoding::raw_u64,
-    index_encoding::delta_varint, index_encoding::delta_bitpacked, index_encoding::bitmap};
-const value_encoding all_value_encodings[] = {value_encoding::fp32, value_encoding::fp16, value_encoding::bf16};
+    index_encoding::automatic, index_encoding::raw_u16,      index_encoding::raw_u32,
+    index_encoding::raw_u64,   index_encoding::delta_varint, index_encoding::delta_bitpacked,
+    index_encoding::bitmap};
+const value_encoding all_value_encodings[] = {value_encoding::fp32, value_encoding::fp16,
+                                              value_encoding::bf16};
 
 bool fits(index_encoding e, std::uint64_t n) {
   if (e == index_encoding::raw_u16) return n <= 65536;
@@ -41,8 +43,8 @@ float through(float v, value_encoding e) {
 // Packs `s` with the given encodings, parses, decodes into I-typed indices and float values
 // and compares with the input. Returns the message size.
 template <class I, class OutI = I, executor Executor>
-std::size_t round_trip(const test::selection<I>& s, index_encoding ie, value_encoding ve, Executor& ex,
-                       index_encoding* chosen = nullptr) {
+std::size_t round_trip(const test::selection<I>& s, index_encoding ie, value_encoding ve,
+                       Executor& ex, index_encoding* chosen = nullptr) {
   message_packer packer;
   packer.clear(99);
   packer.add(5, s.view(), {.indices = ie, .values = ve});
@@ -69,7 +71,8 @@ std::size_t round_trip(const test::selection<I>& s, index_encoding ie, value_enc
   unpacker.decode(0, std::span<OutI>(idx), std::span<float>(val), ex);
   for (std::size_t j = 0; j < s.indices.size(); ++j) {
     if (idx[j] != s.indices[j]) FAIL("index " << j << ": " << idx[j] << " != " << s.indices[j]);
-    if (std::bit_cast<std::uint32_t>(val[j]) != std::bit_cast<std::uint32_t>(through(s.values[j], ve))) {
+    if (std::bit_cast<std::uint32_t>(val[j]) !=
+        std::bit_cast<std::uint32_t>(through(s.values[j], ve))) {
       FAIL("value " << j << ": " << val[j] << " != " << through(s.values[j], ve));
     }
   }
@@ -83,7 +86,8 @@ std::size_t round_trip(const test::selection<I>& s, index_encoding ie, value_enc
 
 }  // namespace
 
-TEST_CASE("round trip: every index and value encoding across densities 1e-5 .. 1", "[pack][roundtrip]") {
+TEST_CASE("round trip: every index and value encoding across densities 1e-5 .. 1",
+          "[pack][roundtrip]") {
   inline_executor ex;
   const double densities[] = {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 0.5, 1.0};
   for (std::uint64_t n : {std::uint64_t{65536}, std::uint64_t{200003}}) {
@@ -93,7 +97,8 @@ TEST_CASE("round trip: every index and value encoding across densities 1e-5 .. 1
       for (auto ie : all_index_encodings) {
         if (!fits(ie, n)) continue;
         for (auto ve : all_value_encodings) {
-          INFO("n " << n << " density " << d << " k " << s.indices.size() << " " << name_of(ie) << "/" << name_of(ve));
+          INFO("n " << n << " density " << d << " k " << s.indices.size() << " " << name_of(ie)
+                    << "/" << name_of(ve));
           round_trip(s, ie, ve, ex);
         }
       }
@@ -105,9 +110,11 @@ TEST_CASE("round trip: the automatic encoding is the smallest one", "[pack][roun
   inline_executor ex;
   for (double d : {1e-5, 1e-3, 1e-2, 0.05, 0.2, 0.4, 0.9, 1.0}) {
     const std::uint64_t n = 100000;
-    const auto s = random_selection<std::uint32_t>(n, std::max<std::uint64_t>(1, static_cast<std::uint64_t>(d * n)), 77);
+    const auto s = random_selection<std::uint32_t>(
+        n, std::max<std::uint64_t>(1, static_cast<std::uint64_t>(d * n)), 77);
     index_encoding chosen{};
-    const std::size_t automatic = round_trip(s, index_encoding::automatic, value_encoding::bf16, ex, &chosen);
+    const std::size_t automatic =
+        round_trip(s, index_encoding::automatic, value_encoding::bf16, ex, &chosen);
     INFO("density " << d << " chose " << name_of(chosen));
     for (auto ie : all_index_encodings) {
       if (ie == index_encoding::automatic || !fits(ie, n)) continue;
@@ -124,14 +131,17 @@ TEST_CASE("round trip: the automatic encoding is the smallest one", "[pack][roun
     run.values.push_back(1.0f);
   }
   index_encoding chosen{};
-  const std::size_t bytes = round_trip(run, index_encoding::automatic, value_encoding::bf16, ex, &chosen);
+  const std::size_t bytes =
+      round_trip(run, index_encoding::automatic, value_encoding::bf16, ex, &chosen);
   CHECK(chosen == index_encoding::delta_bitpacked);
   CHECK(bytes < 2 * run.indices.size() + run.indices.size() / 50);
 }
 
-TEST_CASE("round trip: sizes around blocks, chunks, and edges of the index range", "[pack][roundtrip]") {
+TEST_CASE("round trip: sizes around blocks, chunks, and edges of the index range",
+          "[pack][roundtrip]") {
   thread_pool pool(2);
-  const std::uint64_t counts[] = {0, 1, 2, 255, 256, 257, 511, 512, 16383, 16384, 16385, 32768, 40000};
+  const std::uint64_t counts[] = {0,   1,     2,     255,   256,   257,  511,
+                                  512, 16383, 16384, 16385, 32768, 40000};
   for (std::uint64_t k : counts) {
     const std::uint64_t n = std::max<std::uint64_t>(k * 3 + 1, 70000);
     auto s = random_selection<std::uint32_t>(n, k, k);
@@ -170,8 +180,8 @@ TEST_CASE("round trip: 64-bit indices past 2^32 with huge gaps", "[pack][roundtr
     auto s = random_selection<std::uint64_t>(n, 20000, n % 1000);
     s.indices.front() = 0;
     s.indices.back() = n - 1;
-    for (auto ie : {index_encoding::automatic, index_encoding::raw_u64, index_encoding::delta_varint,
-                    index_encoding::delta_bitpacked}) {
+    for (auto ie : {index_encoding::automatic, index_encoding::raw_u64,
+                    index_encoding::delta_varint, index_encoding::delta_bitpacked}) {
       INFO("n " << n << " " << name_of(ie));
       round_trip(s, ie, value_encoding::bf16, pool);
     }
@@ -188,7 +198,8 @@ TEST_CASE("round trip: 64-bit indices past 2^32 with huge gaps", "[pack][roundtr
   inline_executor ex;
   const auto s = random_selection<std::uint32_t>(std::uint64_t{1} << 32, 5000, 4);
   for (auto ie : all_index_encodings) {
-    if (ie == index_encoding::bitmap || !fits(ie, s.n)) continue;  // a 512 MiB bitmap is not a unit test
+    if (ie == index_encoding::bitmap || !fits(ie, s.n))
+      continue;  // a 512 MiB bitmap is not a unit test
     round_trip<std::uint32_t, std::uint64_t>(s, ie, value_encoding::fp32, ex);
   }
 }
@@ -204,7 +215,8 @@ TEST_CASE("round trip: random_k sections carry the key, not the indices", "[pack
       packer.add_random_k<float>(8, key, n, values, value_encoding::bf16);
       std::vector<std::byte> wire(packer.prepare(pool));
       packer.write(wire, pool);
-      CHECK(wire.size() == wire::message_header_bytes + wire::section_header_bytes + 16 + 2 * k + 4);
+      CHECK(wire.size() ==
+            wire::message_header_bytes + wire::section_header_bytes + 16 + 2 * k + 4);
 
       message_unpacker u(std::vector<tensor_info>{{8, n}});
       const auto& info = u.parse(wire, pool);
@@ -242,7 +254,8 @@ TEST_CASE("round trip: many tensors in one message (bucket fusion)", "[pack][rou
   for (std::uint32_t t = 0; t < 120; ++t) {
     const auto ie = all_index_encodings[t % 7];
     const auto ve = all_value_encodings[t % 3];
-    packer.add(1000 + 3 * t, tensors[t].view(), {.indices = fits(ie, tensors[t].n) ? ie : index_encoding::automatic, .values = ve});
+    packer.add(1000 + 3 * t, tensors[t].view(),
+               {.indices = fits(ie, tensors[t].n) ? ie : index_encoding::automatic, .values = ve});
   }
   std::vector<std::byte> wire(packer.prepare(pool));
   packer.write(wire, pool);
@@ -258,7 +271,8 @@ TEST_CASE("round trip: many tensors in one message (bucket fusion)", "[pack][rou
     REQUIRE(i == t);
     sparse_buffer<float, std::uint32_t> out(0, tensors[t].indices.size());
     u.decode(i, out, pool);
-    REQUIRE(std::vector<std::uint32_t>(out.indices().begin(), out.indices().end()) == tensors[t].indices);
+    REQUIRE(std::vector<std::uint32_t>(out.indices().begin(), out.indices().end()) ==
+            tensors[t].indices);
     for (std::size_t j = 0; j < out.size(); ++j) {
       REQUIRE(out.values()[j] == through(tensors[t].values[j], all_value_encodings[t % 3]));
     }
@@ -318,8 +332,8 @@ TEST_CASE("packing is deterministic and independent of the thread count", "[pack
   const auto s = random_selection<std::uint32_t>(3000000, 60000, 3);
   inline_executor one;
   thread_pool two(2), five(5);
-  for (auto ie : {index_encoding::automatic, index_encoding::delta_bitpacked, index_encoding::bitmap,
-                  index_encoding::delta_varint}) {
+  for (auto ie : {index_encoding::automatic, index_encoding::delta_bitpacked,
+                  index_encoding::bitmap, index_encoding::delta_varint}) {
     auto pack_with = [&](auto& ex) {
       message_packer p;
       p.add(1, s.view(), {.indices = ie, .values = value_encoding::fp16});

@@ -22,13 +22,14 @@ using test::reseal;
 
 namespace {
 
-constexpr std::size_t hdr = wire::message_header_bytes;   // first section header
+constexpr std::size_t hdr = wire::message_header_bytes;  // first section header
 constexpr std::size_t sec = wire::section_header_bytes;
-constexpr std::size_t payload0 = hdr + sec;                // first section's index payload
+constexpr std::size_t payload0 = hdr + sec;  // first section's index payload
 
 // Parses `m` and requires a stellatrain::error with `code` whose message contains `part`;
 // afterwards the unpacker holds no message: no sections, and `decode` throws.
-void expect_error(message_unpacker& u, const std::vector<std::byte>& m, errc code, const std::string& part) {
+void expect_error(message_unpacker& u, const std::vector<std::byte>& m, errc code,
+                  const std::string& part) {
   inline_executor ex;
   try {
     u.parse(m, ex);
@@ -68,12 +69,14 @@ sample_message every_encoding() {
   message_packer p;
   p.clear(5);
   std::vector<test::selection<std::uint32_t>> keep;
-  const index_encoding encodings[] = {index_encoding::raw_u16, index_encoding::raw_u32, index_encoding::raw_u64,
-                                      index_encoding::delta_varint, index_encoding::delta_bitpacked,
-                                      index_encoding::bitmap};
-  for (std::uint32_t t = 0; t < 6; ++t) keep.push_back(random_selection<std::uint32_t>(600 + 100 * t, 40 + 10 * t, t));
+  const index_encoding encodings[] = {index_encoding::raw_u16,         index_encoding::raw_u32,
+                                      index_encoding::raw_u64,         index_encoding::delta_varint,
+                                      index_encoding::delta_bitpacked, index_encoding::bitmap};
+  for (std::uint32_t t = 0; t < 6; ++t)
+    keep.push_back(random_selection<std::uint32_t>(600 + 100 * t, 40 + 10 * t, t));
   for (std::uint32_t t = 0; t < 6; ++t) {
-    p.add(t, keep[t].view(), {.indices = encodings[t], .values = static_cast<value_encoding>(1 + t % 3)});
+    p.add(t, keep[t].view(),
+          {.indices = encodings[t], .values = static_cast<value_encoding>(1 + t % 3)});
     m.tensors.push_back({t, keep[t].n});
   }
   static const std::vector<float> values = {1.0f, 2.0f, 3.0f};
@@ -86,18 +89,21 @@ sample_message every_encoding() {
 
 }  // namespace
 
-TEST_CASE("unpack: every truncation and every extension of a message is refused", "[pack][validation]") {
+TEST_CASE("unpack: every truncation and every extension of a message is refused",
+          "[pack][validation]") {
   const auto m = every_encoding();
   message_unpacker u(m.tensors);
   inline_executor ex;
   REQUIRE(u.parse(m.bytes, ex).sections.size() == 7);
   for (std::size_t len = 0; len < m.bytes.size(); ++len) {
-    const std::vector<std::byte> cut(m.bytes.begin(), m.bytes.begin() + static_cast<std::ptrdiff_t>(len));
+    const std::vector<std::byte> cut(m.bytes.begin(),
+                                     m.bytes.begin() + static_cast<std::ptrdiff_t>(len));
     INFO("length " << len);
     CHECK_THROWS_AS(u.parse(cut, ex), error);
     CHECK(u.info().sections.empty());
   }
-  expect_error(u, std::vector<std::byte>(m.bytes.begin(), m.bytes.begin() + 20), errc::malformed_message, "truncated");
+  expect_error(u, std::vector<std::byte>(m.bytes.begin(), m.bytes.begin() + 20),
+               errc::malformed_message, "truncated");
   auto cut = std::vector<std::byte>(m.bytes.begin(), m.bytes.end() - 1);
   expect_error(u, cut, errc::malformed_message, "truncated: the header says");
   auto longer = m.bytes;
@@ -144,13 +150,15 @@ TEST_CASE("unpack: header fields are checked", "[pack][validation]") {
     auto m = good;
     put<std::uint16_t>(m, 4, 3);
     reseal(m);
-    expect_error(4, 1000, m, errc::version_mismatch, "format version 3, this build reads version 2");
+    expect_error(4, 1000, m, errc::version_mismatch,
+                 "format version 3, this build reads version 2");
   }
   {  // Version 1 had no section kinds: refused, never misread.
     auto m = good;
     put<std::uint16_t>(m, 4, 1);
     reseal(m);
-    expect_error(4, 1000, m, errc::version_mismatch, "format version 1, this build reads version 2");
+    expect_error(4, 1000, m, errc::version_mismatch,
+                 "format version 1, this build reads version 2");
   }
   {
     auto m = good;
@@ -198,7 +206,8 @@ TEST_CASE("unpack: header fields are checked", "[pack][validation]") {
     put<std::uint32_t>(m, 8, 1 + wire::max_control_sections);
     reseal(m);
     message_unpacker u;
-    expect_error(u, m, errc::invalid_argument, "only 0 tensors are registered (and 16 control sections allowed)");
+    expect_error(u, m, errc::invalid_argument,
+                 "only 0 tensors are registered (and 16 control sections allowed)");
     message_unpacker one(std::vector<tensor_info>{{4, 4000}});
     expect_error(one, m, errc::malformed_message, "section 1 at byte");
   }
@@ -207,9 +216,11 @@ TEST_CASE("unpack: header fields are checked", "[pack][validation]") {
   CHECK(info.sections.size() == 1);
 }
 
-TEST_CASE("unpack: section headers are checked against the registered tensors", "[pack][validation]") {
+TEST_CASE("unpack: section headers are checked against the registered tensors",
+          "[pack][validation]") {
   const auto s = random_selection<std::uint32_t>(1000, 50, 1);
-  const auto good = test::pack_one(4, s.view(), {.indices = index_encoding::raw_u32, .values = value_encoding::bf16});
+  const auto good = test::pack_one(
+      4, s.view(), {.indices = index_encoding::raw_u32, .values = value_encoding::bf16});
   auto edited = [&](std::size_t offset, auto value) {
     auto m = good;
     put(m, offset, value);
@@ -218,34 +229,42 @@ TEST_CASE("unpack: section headers are checked against the registered tensors", 
   };
   expect_error(9, 1000, good, errc::invalid_argument, "tensor 4 is not registered");
   expect_error(4, 999, good, errc::size_mismatch, "tensor size 1000, registered size 999");
-  expect_error(4, 1000, edited(hdr + wire::offset_index_encoding, std::uint8_t{0}), errc::malformed_message,
-               "unknown index encoding 0");
-  expect_error(4, 1000, edited(hdr + wire::offset_index_encoding, std::uint8_t{8}), errc::malformed_message,
-               "unknown index encoding 8");
-  expect_error(4, 1000, edited(hdr + wire::offset_value_encoding, std::uint8_t{4}), errc::malformed_message,
-               "unknown value encoding 4");
-  expect_error(4, 1000, edited(hdr + wire::offset_section_kind, std::uint16_t{2}), errc::unsupported,
-               "unknown section kind 2");
+  expect_error(4, 1000, edited(hdr + wire::offset_index_encoding, std::uint8_t{0}),
+               errc::malformed_message, "unknown index encoding 0");
+  expect_error(4, 1000, edited(hdr + wire::offset_index_encoding, std::uint8_t{8}),
+               errc::malformed_message, "unknown index encoding 8");
+  expect_error(4, 1000, edited(hdr + wire::offset_value_encoding, std::uint8_t{4}),
+               errc::malformed_message, "unknown value encoding 4");
+  expect_error(4, 1000, edited(hdr + wire::offset_section_kind, std::uint16_t{2}),
+               errc::unsupported, "unknown section kind 2");
   // A tensor section marked as a control section has fields a control section must not have.
-  expect_error(4, 1000, edited(hdr + wire::offset_section_kind, std::uint16_t{1}), errc::malformed_message,
+  expect_error(4, 1000, edited(hdr + wire::offset_section_kind, std::uint16_t{1}),
+               errc::malformed_message,
                "(control type 4): a control section has no encodings, size, count or values");
-  expect_error(4, 1000, edited(hdr + wire::offset_count, std::uint64_t{1001}), errc::malformed_message,
-               "1001 pairs in a tensor of 1000");
-  expect_error(4, 1000, edited(hdr + wire::offset_count, std::uint64_t{51}), errc::malformed_message,
-               "value payload of 100 bytes for 51 bf16 values");
-  expect_error(4, 1000, edited(hdr + wire::offset_value_bytes, std::uint64_t{101}), errc::malformed_message,
-               "value payload of 101 bytes");
-  expect_error(4, 1000, edited(hdr + wire::offset_index_bytes, std::uint64_t{196}), errc::malformed_message,
-               "raw_u32 payload of 196 bytes for 50 indices");
-  expect_error(4, 1000, edited(hdr + wire::offset_index_encoding, static_cast<std::uint8_t>(index_encoding::raw_u16)),
-               errc::malformed_message, "raw_u16 payload of 200 bytes");
-  expect_error(4, 1000, edited(hdr + wire::offset_index_encoding, static_cast<std::uint8_t>(index_encoding::bitmap)),
-               errc::malformed_message, "bitmap of 200 bytes for a tensor of 1000");
-  expect_error(4, 1000, edited(hdr + wire::offset_index_encoding, static_cast<std::uint8_t>(index_encoding::random_k)),
+  expect_error(4, 1000, edited(hdr + wire::offset_count, std::uint64_t{1001}),
+               errc::malformed_message, "1001 pairs in a tensor of 1000");
+  expect_error(4, 1000, edited(hdr + wire::offset_count, std::uint64_t{51}),
+               errc::malformed_message, "value payload of 100 bytes for 51 bf16 values");
+  expect_error(4, 1000, edited(hdr + wire::offset_value_bytes, std::uint64_t{101}),
+               errc::malformed_message, "value payload of 101 bytes");
+  expect_error(4, 1000, edited(hdr + wire::offset_index_bytes, std::uint64_t{196}),
+               errc::malformed_message, "raw_u32 payload of 196 bytes for 50 indices");
+  expect_error(
+      4, 1000,
+      edited(hdr + wire::offset_index_encoding, static_cast<std::uint8_t>(index_encoding::raw_u16)),
+      errc::malformed_message, "raw_u16 payload of 200 bytes");
+  expect_error(
+      4, 1000,
+      edited(hdr + wire::offset_index_encoding, static_cast<std::uint8_t>(index_encoding::bitmap)),
+      errc::malformed_message, "bitmap of 200 bytes for a tensor of 1000");
+  expect_error(4, 1000,
+               edited(hdr + wire::offset_index_encoding,
+                      static_cast<std::uint8_t>(index_encoding::random_k)),
                errc::malformed_message, "random_k payload of 200 bytes");
   {  // A u32 payload for a tensor past 2^32 elements.
     auto m = edited(hdr + wire::offset_dense_size, (std::uint64_t{1} << 32) + 1);
-    expect_error(4, (std::uint64_t{1} << 32) + 1, m, errc::malformed_message, "raw_u32 indices for a tensor of");
+    expect_error(4, (std::uint64_t{1} << 32) + 1, m, errc::malformed_message,
+                 "raw_u32 indices for a tensor of");
   }
   {  // Payload lengths that run past the end (and whose products would overflow).
     auto m = good;
@@ -253,8 +272,10 @@ TEST_CASE("unpack: section headers are checked against the registered tensors", 
     put<std::uint64_t>(m, hdr + wire::offset_dense_size, std::uint64_t{1} << 63);
     put<std::uint64_t>(m, hdr + wire::offset_index_bytes, std::uint64_t{1} << 62);
     put<std::uint64_t>(m, hdr + wire::offset_index_encoding, std::uint64_t{0});
-    put<std::uint8_t>(m, hdr + wire::offset_index_encoding, static_cast<std::uint8_t>(index_encoding::raw_u64));
-    put<std::uint8_t>(m, hdr + wire::offset_value_encoding, static_cast<std::uint8_t>(value_encoding::fp32));
+    put<std::uint8_t>(m, hdr + wire::offset_index_encoding,
+                      static_cast<std::uint8_t>(index_encoding::raw_u64));
+    put<std::uint8_t>(m, hdr + wire::offset_value_encoding,
+                      static_cast<std::uint8_t>(value_encoding::fp32));
     put<std::uint64_t>(m, hdr + wire::offset_value_bytes, std::uint64_t{1} << 64 - 2);
     reseal(m);
     expect_error(4, std::uint64_t{1} << 63, m, errc::malformed_message, "");
@@ -291,7 +312,8 @@ TEST_CASE("unpack: raw and bitmap indices must ascend and stay in range", "[pack
       set_index(m, 10, s.indices[11]);
       set_index(m, 11, s.indices[10]);
       reseal(m);
-      expect_error(4, 1000, m, errc::malformed_message, "indices not strictly ascending at position 11");
+      expect_error(4, 1000, m, errc::malformed_message,
+                   "indices not strictly ascending at position 11");
     }
     {
       auto m = good;
@@ -303,7 +325,8 @@ TEST_CASE("unpack: raw and bitmap indices must ascend and stay in range", "[pack
       auto m = good;
       set_index(m, 49, 1000);
       reseal(m);
-      expect_error(4, 1000, m, errc::out_of_range, "index 1000 at position 49 is not below the tensor size 1000");
+      expect_error(4, 1000, m, errc::out_of_range,
+                   "index 1000 at position 49 is not below the tensor size 1000");
     }
     {
       auto m = good;
@@ -312,7 +335,8 @@ TEST_CASE("unpack: raw and bitmap indices must ascend and stay in range", "[pack
       expect_error(4, 1000, m, errc::out_of_range, "index 60000 at position 0");
     }
   }
-  const auto bm = test::pack_one(4, random_selection<std::uint32_t>(1003, 50, 2).view(), {.indices = index_encoding::bitmap});
+  const auto bm = test::pack_one(4, random_selection<std::uint32_t>(1003, 50, 2).view(),
+                                 {.indices = index_encoding::bitmap});
   {
     auto m = bm;
     m[payload0 + 125] |= std::byte{0x10};  // element 1004 of a 1003-element tensor
@@ -326,11 +350,13 @@ TEST_CASE("unpack: raw and bitmap indices must ascend and stay in range", "[pack
     const auto old = std::to_integer<unsigned>(m[payload0 + byte]);
     m[payload0 + byte] = static_cast<std::byte>(old | (old + 1));  // one more bit
     reseal(m);
-    expect_error(4, 1003, m, errc::malformed_message, "bitmap holds 51 indices, the header says 50");
+    expect_error(4, 1003, m, errc::malformed_message,
+                 "bitmap holds 51 indices, the header says 50");
   }
 }
 
-TEST_CASE("unpack: delta payloads are decoded and checked before anything is written", "[pack][validation]") {
+TEST_CASE("unpack: delta payloads are decoded and checked before anything is written",
+          "[pack][validation]") {
   // Five indices, gaps 1 0 1 3 7: one partial block of width 3 and no exceptions.
   test::selection<std::uint32_t> small;
   small.n = 100;
@@ -451,7 +477,8 @@ TEST_CASE("unpack: chunk directories are checked", "[pack][validation]") {
       auto m = good;
       put<std::uint64_t>(m, payload0, 100);
       reseal(m);
-      expect_error(4, 100000, m, errc::malformed_message, "chunk base index 100 after 0 is impossible");
+      expect_error(4, 100000, m, errc::malformed_message,
+                   "chunk base index 100 after 0 is impossible");
     }
     {
       auto m = good;
@@ -462,7 +489,8 @@ TEST_CASE("unpack: chunk directories are checked", "[pack][validation]") {
   }
 }
 
-TEST_CASE("unpack: decode checks the caller's buffers and never writes on failure", "[pack][validation]") {
+TEST_CASE("unpack: decode checks the caller's buffers and never writes on failure",
+          "[pack][validation]") {
   inline_executor ex;
   const auto s = random_selection<std::uint32_t>(1000, 50, 1);
   const auto good = test::pack_one(4, s.view());
@@ -478,8 +506,10 @@ TEST_CASE("unpack: decode checks the caller's buffers and never writes on failur
   CHECK(val == std::vector<float>(60, 7.0f));
   // Buffers too small: refused before writing.
   u.parse(good, ex);
-  CHECK_THROWS_AS(u.decode(0, std::span<std::uint32_t>(idx).first(49), std::span<float>(val), ex), error);
-  CHECK_THROWS_AS(u.decode(0, std::span<std::uint32_t>(idx), std::span<float>(val).first(10), ex), error);
+  CHECK_THROWS_AS(u.decode(0, std::span<std::uint32_t>(idx).first(49), std::span<float>(val), ex),
+                  error);
+  CHECK_THROWS_AS(u.decode(0, std::span<std::uint32_t>(idx), std::span<float>(val).first(10), ex),
+                  error);
   sparse_buffer<float, std::uint32_t> small(5, 49);
   small.resize(3);
   CHECK_THROWS_AS(u.decode(0, small, ex), error);
@@ -497,7 +527,8 @@ TEST_CASE("unpack: decode checks the caller's buffers and never writes on failur
 TEST_CASE("pack: the sender refuses bad selections before writing", "[pack][validation]") {
   inline_executor ex;
   auto s = random_selection<std::uint32_t>(100000, 40000, 3);
-  auto expect = [&](const test::selection<std::uint32_t>& sel, section_options o, errc code, const std::string& part) {
+  auto expect = [&](const test::selection<std::uint32_t>& sel, section_options o, errc code,
+                    const std::string& part) {
     message_packer p;
     p.add(1, sel.view(), o);
     try {
@@ -509,22 +540,27 @@ TEST_CASE("pack: the sender refuses bad selections before writing", "[pack][vali
       CHECK(std::string(e.what()).find(part) != std::string::npos);
     }
   };
-  for (auto ie : {index_encoding::automatic, index_encoding::delta_bitpacked, index_encoding::delta_varint,
-                  index_encoding::raw_u32, index_encoding::raw_u64, index_encoding::bitmap}) {
+  for (auto ie :
+       {index_encoding::automatic, index_encoding::delta_bitpacked, index_encoding::delta_varint,
+        index_encoding::raw_u32, index_encoding::raw_u64, index_encoding::bitmap}) {
     INFO(name_of(ie));
-    for (std::size_t j : {std::size_t{1}, std::size_t{255}, std::size_t{256}, std::size_t{16384}, std::size_t{39999}}) {
+    for (std::size_t j : {std::size_t{1}, std::size_t{255}, std::size_t{256}, std::size_t{16384},
+                          std::size_t{39999}}) {
       auto t = s;
       t.indices[j] = t.indices[j - 1];
-      expect(t, {.indices = ie}, errc::invalid_argument, "not strictly ascending at position " + std::to_string(j));
+      expect(t, {.indices = ie}, errc::invalid_argument,
+             "not strictly ascending at position " + std::to_string(j));
     }
     auto t = s;
     t.indices.back() = 100000;
-    expect(t, {.indices = ie}, errc::out_of_range, "index 100000 at position 39999 is not below the tensor size 100000");
+    expect(t, {.indices = ie}, errc::out_of_range,
+           "index 100000 at position 39999 is not below the tensor size 100000");
     t = s;
     t.indices[20000] = 2000000;  // out of range and out of order
     expect(t, {.indices = ie}, errc::invalid_argument, "not strictly ascending at position 20001");
   }
-  expect(s, {.indices = index_encoding::raw_u16}, errc::invalid_argument, "raw_u16 holds tensors of up to 65536");
+  expect(s, {.indices = index_encoding::raw_u16}, errc::invalid_argument,
+         "raw_u16 holds tensors of up to 65536");
   auto big = s;
   big.n = 10;
   expect(big, {}, errc::invalid_argument, "40000 pairs exceed the tensor size 10");
@@ -550,7 +586,8 @@ TEST_CASE("pack: the sender refuses bad selections before writing", "[pack][vali
     w.n = std::numeric_limits<std::uint64_t>::max();
     w.indices = {5, std::numeric_limits<std::uint64_t>::max() - 1, 7};
     w.values = {1, 2, 3};
-    for (auto ie : {index_encoding::delta_bitpacked, index_encoding::delta_varint, index_encoding::raw_u64}) {
+    for (auto ie :
+         {index_encoding::delta_bitpacked, index_encoding::delta_varint, index_encoding::raw_u64}) {
       message_packer p;
       p.add(1, w.view(), {.indices = ie});
       CHECK_THROWS_AS(p.prepare(ex), error);
@@ -567,8 +604,10 @@ TEST_CASE("control sections: the sender and the reader check their bounds", "[pa
     p.add_control(control_type::first_application, payload);
     CHECK_THROWS_WITH(p.add_control(control_type::first_application, payload),
                       Catch::Matchers::Contains("control type 65536 appears twice"));
-    for (std::uint32_t t = 1; p.control_count() < wire::max_control_sections; ++t) p.add_control(t, {});
-    CHECK_THROWS_WITH(p.add_control(99, payload), Catch::Matchers::Contains("more than 16 control sections"));
+    for (std::uint32_t t = 1; p.control_count() < wire::max_control_sections; ++t)
+      p.add_control(t, {});
+    CHECK_THROWS_WITH(p.add_control(99, payload),
+                      Catch::Matchers::Contains("more than 16 control sections"));
   }
   // One tensor section, then one control section of 24 bytes.
   message_packer p;
@@ -597,14 +636,16 @@ TEST_CASE("control sections: the sender and the reader check their bounds", "[pa
     expect_error(4, 1000, edited(control + field, std::uint8_t{1}), errc::malformed_message,
                  "(control type 65536): a control section has no encodings");
   }
-  for (std::size_t field : {wire::offset_dense_size, wire::offset_count, wire::offset_value_bytes}) {
+  for (std::size_t field :
+       {wire::offset_dense_size, wire::offset_count, wire::offset_value_bytes}) {
     expect_error(4, 1000, edited(control + field, std::uint64_t{1}), errc::malformed_message,
                  "a control section has no encodings, size, count or values");
   }
-  expect_error(4, 1000, edited(control + wire::offset_index_bytes, std::uint64_t{25}), errc::malformed_message,
+  expect_error(4, 1000, edited(control + wire::offset_index_bytes, std::uint64_t{25}),
+               errc::malformed_message,
                "payload of 25 bytes runs past the end of the message (24 bytes left)");
-  expect_error(4, 1000, edited(control + wire::offset_index_bytes, std::uint64_t{23}), errc::malformed_message,
-               "1 unused bytes after the last section");
+  expect_error(4, 1000, edited(control + wire::offset_index_bytes, std::uint64_t{23}),
+               errc::malformed_message, "1 unused bytes after the last section");
   {  // The same type twice.
     message_packer q;
     q.add_control(5, {});
@@ -613,6 +654,7 @@ TEST_CASE("control sections: the sender and the reader check their bounds", "[pa
     q.write(m, ex);
     put<std::uint32_t>(m, hdr + sec, 5);
     reseal(m);
-    expect_error(4, 1000, m, errc::malformed_message, "section 1 at byte 72 (control type 5): the control type appears twice");
+    expect_error(4, 1000, m, errc::malformed_message,
+                 "section 1 at byte 72 (control type 5): the control type appears twice");
   }
 }

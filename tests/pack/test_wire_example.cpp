@@ -48,7 +48,8 @@ std::vector<std::byte> example_bytes() {
 
 }  // namespace
 
-TEST_CASE("wire format: the worked example of docs/wire-format.md decodes as documented", "[pack][wire]") {
+TEST_CASE("wire format: the worked example of docs/wire-format.md decodes as documented",
+          "[pack][wire]") {
   const auto bytes = example_bytes();
   REQUIRE(bytes.size() == 253);
   inline_executor ex;
@@ -71,15 +72,21 @@ TEST_CASE("wire format: the worked example of docs/wire-format.md decodes as doc
 
   sparse_buffer<float> out(0, 4);
   u.decode(0, out, ex);
-  CHECK(std::vector<std::uint32_t>(out.indices().begin(), out.indices().end()) == std::vector<std::uint32_t>{3, 17, 18, 700});
-  CHECK(std::vector<float>(out.values().begin(), out.values().end()) == std::vector<float>{0.5f, -1.25f, 2.0f, 3.0f});
+  CHECK(std::vector<std::uint32_t>(out.indices().begin(), out.indices().end()) ==
+        std::vector<std::uint32_t>{3, 17, 18, 700});
+  CHECK(std::vector<float>(out.values().begin(), out.values().end()) ==
+        std::vector<float>{0.5f, -1.25f, 2.0f, 3.0f});
   CHECK(out.dense_size() == 1000);
   u.decode(1, out, ex);
-  CHECK(std::vector<std::uint32_t>(out.indices().begin(), out.indices().end()) == std::vector<std::uint32_t>{1, 4, 5, 15});
-  CHECK(std::vector<float>(out.values().begin(), out.values().end()) == std::vector<float>{1.0f, -2.0f, 0.5f, 3.0f});
+  CHECK(std::vector<std::uint32_t>(out.indices().begin(), out.indices().end()) ==
+        std::vector<std::uint32_t>{1, 4, 5, 15});
+  CHECK(std::vector<float>(out.values().begin(), out.values().end()) ==
+        std::vector<float>{1.0f, -2.0f, 0.5f, 3.0f});
   u.decode(2, out, ex);
-  CHECK(std::vector<std::uint32_t>(out.indices().begin(), out.indices().end()) == std::vector<std::uint32_t>{10, 33});
-  CHECK(std::vector<float>(out.values().begin(), out.values().end()) == std::vector<float>{1.5f, -0.25f});
+  CHECK(std::vector<std::uint32_t>(out.indices().begin(), out.indices().end()) ==
+        std::vector<std::uint32_t>{10, 33});
+  CHECK(std::vector<float>(out.values().begin(), out.values().end()) ==
+        std::vector<float>{1.5f, -0.25f});
 }
 
 TEST_CASE("wire format: the packer writes the documented example byte for byte", "[pack][wire]") {

@@ -9,15 +9,15 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <queue>
+#include <random>
 #include <span>
 #include <string_view>
-#include <exception>
-#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -76,7 +76,10 @@ class shuffling_transport {
   };
 
   shuffling_transport(Inner inner, std::uint64_t seed, std::chrono::microseconds max_delay)
-      : inner_(std::move(inner)), rng_(seed), max_delay_(max_delay), releaser_([this](std::stop_token st) { run(st); }) {}
+      : inner_(std::move(inner)),
+        rng_(seed),
+        max_delay_(max_delay),
+        releaser_([this](std::stop_token st) { run(st); }) {}
 
   ~shuffling_transport() {
     releaser_.request_stop();
@@ -91,7 +94,9 @@ class shuffling_transport {
     auto state = std::make_shared<send_state>();
     {
       std::lock_guard lock(m_);
-      auto at = transport_clock::now() + std::chrono::microseconds(std::uniform_int_distribution<std::int64_t>(0, max_delay_.count())(rng_));
+      auto at = transport_clock::now() +
+                std::chrono::microseconds(
+                    std::uniform_int_distribution<std::int64_t>(0, max_delay_.count())(rng_));
       auto& last = last_[{dest, tag}];
       if (at < last) at = last;  // keep the order of one (destination, tag) stream
       last = at;
@@ -106,9 +111,10 @@ class shuffling_transport {
   }
 
   template <class Buffer>
-    requires requires(Inner& i, int s, tag_type t, Buffer& b) { i.irecv(s, t, b); } &&
-             (!std::is_convertible_v<Buffer&, std::span<std::byte>>)
-  request_type irecv(int source, tag_type tag, Buffer& buffer) {
+  requires requires(Inner& i, int s, tag_type t, Buffer& b) {
+    i.irecv(s, t, b);
+  } &&(!std::is_convertible_v<Buffer&, std::span<std::byte>>)request_type
+      irecv(int source, tag_type tag, Buffer& buffer) {
     return request_type(inner_.irecv(source, tag, buffer));
   }
 

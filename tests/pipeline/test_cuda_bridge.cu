@@ -27,8 +27,10 @@ template <class Push>
 std::vector<std::vector<float>> train(in_process_transport& t, Push&& push_for) {
   thread_pool pool{1};
   pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
-             sgd_optimizer({.lr = 0.1f, .momentum = 0.9f}), {.bucket_bytes = 0, .staleness = 0}, fixed_density{0.02});
-  for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), std::vector<float>(sizes[i], 1.0f));
+             sgd_optimizer({.lr = 0.1f, .momentum = 0.9f}), {.bucket_bytes = 0, .staleness = 0},
+             fixed_density{0.02});
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    p.add_tensor(static_cast<std::uint32_t>(i), std::vector<float>(sizes[i], 1.0f));
   p.start();
   auto push = push_for(p);
   for (int step = 0; step < 4; ++step) {
@@ -57,14 +59,17 @@ TEST_CASE("GPU selection through the bridge equals the CPU compressor", "[pipeli
     cudaStream_t s;
     STELLATRAIN_CUDA_CHECK(cudaStreamCreate(&s));
     std::vector<float*> d_grad(sizes.size());
-    for (std::size_t i = 0; i < sizes.size(); ++i) STELLATRAIN_CUDA_CHECK(cudaMalloc(&d_grad[i], sizes[i] * sizeof(float)));
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      STELLATRAIN_CUDA_CHECK(cudaMalloc(&d_grad[i], sizes[i] * sizeof(float)));
     std::unique_ptr<void, void (*)(void*)> bridge_holder(nullptr, [](void*) {});
     auto r = train(t, [&](auto& p) {
       using bridge_t = cuda_gradient_bridge<std::remove_reference_t<decltype(p)>>;
       auto* bridge = new bridge_t(p, {.max_density = 0.05});
-      bridge_holder = std::unique_ptr<void, void (*)(void*)>(bridge, [](void* b) { delete static_cast<bridge_t*>(b); });
+      bridge_holder = std::unique_ptr<void, void (*)(void*)>(
+          bridge, [](void* b) { delete static_cast<bridge_t*>(b); });
       return [&, bridge](std::size_t i, const std::vector<float>& g) {
-        STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(d_grad[i], g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+        STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(d_grad[i], g.data(), g.size() * sizeof(float),
+                                               cudaMemcpyHostToDevice, s));
         bridge->push_device_gradient(i, d_grad[i], cuda_stream{s});
       };
     });
@@ -78,19 +83,22 @@ TEST_CASE("GPU selection through the bridge equals the CPU compressor", "[pipeli
   }
 }
 
-TEST_CASE("the bridge keeps bf16 device parameters equal to the pipeline's, scattering the changes", "[pipeline][cuda]") {
+TEST_CASE("the bridge keeps bf16 device parameters equal to the pipeline's, scattering the changes",
+          "[pipeline][cuda]") {
   run_in_process(2, [&](in_process_transport& t) {
     thread_pool pool{1};
     pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
-               adam_optimizer({.lr = 1e-2f}),
-               {.bucket_bytes = 0, .staleness = 0}, fixed_density{0.02}, record_updates<bf16>);
-    for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), std::vector<float>(sizes[i], 1.0f));
+               adam_optimizer({.lr = 1e-2f}), {.bucket_bytes = 0, .staleness = 0},
+               fixed_density{0.02}, record_updates<bf16>);
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      p.add_tensor(static_cast<std::uint32_t>(i), std::vector<float>(sizes[i], 1.0f));
     p.start();
     cuda_gradient_bridge bridge(p, {.max_density = 0.05});
     cudaStream_t s;
     STELLATRAIN_CUDA_CHECK(cudaStreamCreate(&s));
     std::vector<bf16*> d_param(sizes.size());
-    for (std::size_t i = 0; i < sizes.size(); ++i) STELLATRAIN_CUDA_CHECK(cudaMalloc(&d_param[i], sizes[i] * sizeof(bf16)));
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      STELLATRAIN_CUDA_CHECK(cudaMalloc(&d_param[i], sizes[i] * sizeof(bf16)));
     int sparse = 0, whole = 0;
     for (int step = 0; step < 6; ++step) {
       for (std::size_t b = 0; b < p.bucket_count(); ++b) p.wait_for_forward(b);
@@ -99,8 +107,8 @@ TEST_CASE("the bridge keeps bf16 device parameters equal to the pipeline's, scat
         sparse += k == param_changes_kind::sparse;
         whole += k == param_changes_kind::whole;
         std::vector<bf16> on_device(sizes[i]), expected(sizes[i]);
-        STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(on_device.data(), d_param[i], sizes[i] * sizeof(bf16),
-                                               cudaMemcpyDeviceToHost, s));
+        STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(on_device.data(), d_param[i],
+                                               sizes[i] * sizeof(bf16), cudaMemcpyDeviceToHost, s));
         STELLATRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
         p.copy_params(i, std::span(expected));
         REQUIRE(std::memcmp(on_device.data(), expected.data(), sizes[i] * sizeof(bf16)) == 0);

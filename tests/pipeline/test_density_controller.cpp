@@ -17,16 +17,17 @@ namespace {
 
 struct simulated_link {
   exchange_cost_model model;
-  double latency;         // one-way, seconds
+  double latency;  // one-way, seconds
   std::uint64_t noise_state = 12345;
-  double noise = 0.03;    // +-3% jitter on the transfer time
+  double noise = 0.03;  // +-3% jitter on the transfer time
 
   double jitter() {
     noise_state = noise_state * 6364136223846793005ull + 1442695040888963407ull;
     const double u = static_cast<double>(noise_state >> 11) / 9007199254740992.0;  // [0, 1)
     return 1.0 + noise * (2.0 * u - 1.0);
   }
-  step_measurement step(double density, double bits_per_second, double compute, bool report_throughput) {
+  step_measurement step(double density, double bits_per_second, double compute,
+                        bool report_throughput) {
     const double bandwidth = bits_per_second / 8.0;
     const double bytes = model.link_bytes(density);
     const double transfer = bytes / bandwidth * jitter();
@@ -39,11 +40,16 @@ struct simulated_link {
 
 // `settle`: steps after each change from which the exchange must take 80-110% of the compute.
 void run_schedule(bool report_throughput, double latency_option, int settle) {
-  const exchange_cost_model model{.elements = 10'000'000, .ranks = 4, .bytes_per_element = 5.0,
-                                  .header_bytes = 200, .latency_rounds = 3};
+  const exchange_cost_model model{.elements = 10'000'000,
+                                  .ranks = 4,
+                                  .bytes_per_element = 5.0,
+                                  .header_bytes = 200,
+                                  .latency_rounds = 3};
   simulated_link link{model, 0.010};
-  adaptive_density_controller controller(model, {.min_density = 1e-4, .max_density = 0.1,
-                                                 .initial_density = 0.01, .latency_seconds = latency_option});
+  adaptive_density_controller controller(model, {.min_density = 1e-4,
+                                                 .max_density = 0.1,
+                                                 .initial_density = 0.01,
+                                                 .latency_seconds = latency_option});
   const double compute = 0.1;
   const std::vector<double> schedule{100e6, 20e6, 500e6};
   const int steps_per_phase = 40;
@@ -77,11 +83,13 @@ void run_schedule(bool report_throughput, double latency_option, int settle) {
 
 }  // namespace
 
-TEST_CASE("controller follows 100 -> 20 -> 500 Mbit/s with link throughput reported", "[controller]") {
+TEST_CASE("controller follows 100 -> 20 -> 500 Mbit/s with link throughput reported",
+          "[controller]") {
   run_schedule(true, 0.0, 5);
 }
 
-TEST_CASE("controller follows 100 -> 20 -> 500 Mbit/s from wall times and a known latency", "[controller]") {
+TEST_CASE("controller follows 100 -> 20 -> 500 Mbit/s from wall times and a known latency",
+          "[controller]") {
   run_schedule(false, 0.010, 5);
 }
 
@@ -95,15 +103,22 @@ TEST_CASE("controller respects its bounds and validates options", "[controller]"
   const exchange_cost_model model{.elements = 1000, .ranks = 2, .bytes_per_element = 8};
   adaptive_density_controller fast(model, {.min_density = 0.001, .max_density = 0.05});
   for (int i = 0; i < 10; ++i) {
-    fast.observe({.compute_seconds = 1.0, .comm_seconds = 1e-6, .link_bytes = 400, .link_bytes_per_second = 1e12});
+    fast.observe({.compute_seconds = 1.0,
+                  .comm_seconds = 1e-6,
+                  .link_bytes = 400,
+                  .link_bytes_per_second = 1e12});
   }
   CHECK(fast.density() == 0.05);
   adaptive_density_controller slow(model, {.min_density = 0.001, .max_density = 0.05});
   for (int i = 0; i < 10; ++i) {
-    slow.observe({.compute_seconds = 1e-3, .comm_seconds = 10.0, .link_bytes = 400, .link_bytes_per_second = 1.0});
+    slow.observe({.compute_seconds = 1e-3,
+                  .comm_seconds = 10.0,
+                  .link_bytes = 400,
+                  .link_bytes_per_second = 1.0});
   }
   CHECK(slow.density() == 0.001);
-  CHECK_THROWS_AS(adaptive_density_controller(model, {.min_density = 0.5, .max_density = 0.1}), error);
+  CHECK_THROWS_AS(adaptive_density_controller(model, {.min_density = 0.5, .max_density = 0.1}),
+                  error);
   CHECK_THROWS_AS(adaptive_density_controller(model, {.smoothing = 0}), error);
 }
 
@@ -114,7 +129,10 @@ TEST_CASE("density policies", "[controller]") {
   STATIC_REQUIRE(density_policy<adaptive_density_controller>);
   STATIC_REQUIRE(density_policy<fixed_density>);
   STATIC_REQUIRE_FALSE(density_policy<no_observe>);
-  const exchange_cost_model model{.elements = 1'000'000, .ranks = 4, .bytes_per_element = 4, .header_bytes = 100,
+  const exchange_cost_model model{.elements = 1'000'000,
+                                  .ranks = 4,
+                                  .bytes_per_element = 4,
+                                  .header_bytes = 100,
                                   .latency_rounds = 3};
   // The model inverts itself.
   const double t = model.comm_seconds(0.02, 1e7, 0.01);

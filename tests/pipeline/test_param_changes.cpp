@@ -52,10 +52,10 @@ struct kind_counts {
 
 // Whether pipeline P offers copy_changes into values of type T.
 template <class P, class T>
-concept can_copy_changes_into =
-    requires(P& p, std::span<typename P::index_type> indices, std::span<T> values) {
-      p.copy_changes(std::size_t{0}, param_version{}, indices, values);
-    };
+concept can_copy_changes_into = requires(P& p, std::span<typename P::index_type> indices,
+                                         std::span<T> values) {
+  p.copy_changes(std::size_t{0}, param_version{}, indices, values);
+};
 
 // Trains `steps` steps on every rank; rank 0 keeps a copy of every tensor in T through
 // copy_changes, skipping the refresh of tensor 0 every 4th step (its copy falls two steps
@@ -68,8 +68,8 @@ kind_counts mirror_run(int staleness) {
   run_in_process(2, [&](in_process_transport& t) {
     thread_pool pool{1};
     pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
-               adam_optimizer({.lr = 1e-2f}),
-               {.bucket_bytes = 20000, .staleness = staleness}, fixed_density{0.02}, record_updates<T>);
+               adam_optimizer({.lr = 1e-2f}), {.bucket_bytes = 20000, .staleness = staleness},
+               fixed_density{0.02}, record_updates<T>);
     add_tensors(p);
     p.start();
     std::vector<std::vector<T>> copy, whole;
@@ -105,7 +105,8 @@ kind_counts mirror_run(int staleness) {
           REQUIRE(same_bits(copy[i], whole[i]));
         }
       }
-      for (std::size_t i = sizes.size(); i-- > 0;) p.push_gradient(i, gradient_of(sizes[i], t.rank(), s, i));
+      for (std::size_t i = sizes.size(); i-- > 0;)
+        p.push_gradient(i, gradient_of(sizes[i], t.rank(), s, i));
     }
     p.flush();
     if (t.rank() == 0) {
@@ -122,8 +123,8 @@ TEST_CASE("copy_changes keeps a copy bit-identical to a whole copy", "[pipeline]
   const int staleness = GENERATE(0, 1);
   const bool bf16_copy = GENERATE(true, false);
   const kind_counts c = bf16_copy ? mirror_run<bf16>(staleness) : mirror_run<float>(staleness);
-  INFO("staleness " << staleness << ": none " << c.none << ", sparse " << c.sparse << ", merged " << c.merged
-                    << ", whole " << c.whole << ", compared " << c.compared);
+  INFO("staleness " << staleness << ": none " << c.none << ", sparse " << c.sparse << ", merged "
+                    << c.merged << ", whole " << c.whole << ", compared " << c.compared);
   if (staleness == 0) {
     // Every forward sees exactly the previous step. Tensor 0: 22 refreshes, the first whole,
     // 7 two steps behind; tensor 1: 30, the first whole; tensor 2: whole every step; tensor 3:
@@ -148,7 +149,8 @@ TEST_CASE("copy_params converts to fp16 and bf16 exactly", "[pipeline]") {
                adam_optimizer({.lr = 1e-2f}), {.staleness = 0}, fixed_density{0.1});
     add_tensors(p);
     p.start();
-    for (std::size_t i = 0; i < sizes.size(); ++i) p.push_gradient(i, gradient_of(sizes[i], 0, 0, i));
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      p.push_gradient(i, gradient_of(sizes[i], 0, 0, i));
     p.flush();
     std::vector<float> f(sizes[0]);
     std::vector<bf16> b(sizes[0]);
@@ -164,11 +166,13 @@ TEST_CASE("copy_params converts to fp16 and bf16 exactly", "[pipeline]") {
   });
 }
 
-TEST_CASE("copy_changes asks for a whole copy when the changes are not kept, and rejects bad use", "[pipeline]") {
+TEST_CASE("copy_changes asks for a whole copy when the changes are not kept, and rejects bad use",
+          "[pipeline]") {
   run_in_process(1, [&](in_process_transport& t) {
     thread_pool pool{1};
     pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
-               adam_optimizer({.lr = 1e-2f}), {.staleness = 0}, fixed_density{0.01}, record_updates<bf16>);
+               adam_optimizer({.lr = 1e-2f}), {.staleness = 0}, fixed_density{0.01},
+               record_updates<bf16>);
     STATIC_REQUIRE(can_copy_changes_into<decltype(p), bf16>);
     STATIC_REQUIRE_FALSE(can_copy_changes_into<decltype(p), float>);  // another precision
     STATIC_REQUIRE_FALSE(can_copy_changes_into<decltype(p), fp16>);
@@ -181,10 +185,12 @@ TEST_CASE("copy_changes asks for a whole copy when the changes are not kept, and
     std::vector<bf16> copy(sizes[0]);
     const param_version initial = p.copy_params(0, std::span(copy));
     CHECK(initial == param_version{.step = -1, .generation = 0});
-    CHECK(p.copy_changes(0, initial, std::span(idx), std::span(val)).kind == param_changes_kind::none);
+    CHECK(p.copy_changes(0, initial, std::span(idx), std::span(val)).kind ==
+          param_changes_kind::none);
     CHECK(p.copy_changes(0, {}, std::span(idx), std::span(val)).kind == param_changes_kind::whole);
     auto step = [&](std::int64_t s) {
-      for (std::size_t i = 0; i < sizes.size(); ++i) p.push_gradient(i, gradient_of(sizes[i], 0, s, i));
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        p.push_gradient(i, gradient_of(sizes[i], 0, s, i));
       p.flush();
     };
     step(0);
@@ -193,7 +199,8 @@ TEST_CASE("copy_changes asks for a whole copy when the changes are not kept, and
     CHECK(one.count == 40);  // 1% of 4000
     CHECK(one.version.step == 0);
     // Too little room: whole, with the count needed.
-    const param_changes small = p.copy_changes(0, initial, std::span(idx).first(39), std::span(val));
+    const param_changes small =
+        p.copy_changes(0, initial, std::span(idx).first(39), std::span(val));
     CHECK(small.kind == param_changes_kind::whole);
     CHECK(small.count == 40);
     // Errors.
@@ -212,8 +219,10 @@ TEST_CASE("copy_changes asks for a whole copy when the changes are not kept, and
     CHECK(two.count >= 40);
     CHECK(two.count <= 80);
     step(2);
-    CHECK(p.copy_changes(0, initial, std::span(idx), std::span(val)).kind == param_changes_kind::whole);
-    CHECK(p.copy_changes(0, one.version, std::span(idx), std::span(val)).kind == param_changes_kind::sparse);
+    CHECK(p.copy_changes(0, initial, std::span(idx), std::span(val)).kind ==
+          param_changes_kind::whole);
+    CHECK(p.copy_changes(0, one.version, std::span(idx), std::span(val)).kind ==
+          param_changes_kind::sparse);
     // A version from the future, or from before a restore: whole.
     CHECK(p.copy_changes(0, {.step = 7, .generation = 0}, std::span(idx), std::span(val)).kind ==
           param_changes_kind::whole);
@@ -223,7 +232,8 @@ TEST_CASE("copy_changes asks for a whole copy when the changes are not kept, and
     CHECK(after.kind == param_changes_kind::whole);
     CHECK(after.version == param_version{.step = 2, .generation = 1});
     step(3);  // the first update after the restore is kept again
-    CHECK(p.copy_changes(0, after.version, std::span(idx), std::span(val)).kind == param_changes_kind::sparse);
+    CHECK(p.copy_changes(0, after.version, std::span(idx), std::span(val)).kind ==
+          param_changes_kind::sparse);
   });
   run_in_process(1, [&](in_process_transport& t) {
     thread_pool pool{1};

@@ -38,10 +38,12 @@ std::vector<float> initial_values(std::uint64_t n, int rank, std::size_t t) {
 
 // The gradient of rank r at step s for tensor t: depends on the parameters (so that gates
 // matter) and on the rank's own data.
-void gradient(std::span<const float> params, int rank, std::int64_t step, std::size_t t, std::span<float> g) {
+void gradient(std::span<const float> params, int rank, std::int64_t step, std::size_t t,
+              std::span<float> g) {
   std::mt19937 rng(static_cast<std::uint32_t>(7919 * rank + 104729 * step + 31 * t));
   std::normal_distribution<float> d(0.0f, 0.1f);
-  for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.5f * params[i] + d(rng) + 0.01f * static_cast<float>(rank);
+  for (std::size_t i = 0; i < g.size(); ++i)
+    g[i] = 0.5f * params[i] + d(rng) + 0.01f * static_cast<float>(rank);
 }
 
 // A fixed density that keeps what the pipeline observed.
@@ -65,7 +67,8 @@ void train(Pipeline& p, int rank, std::int64_t steps, std::vector<std::vector<fl
     for (std::size_t b = 0; b < p.bucket_count(); ++b) {
       p.wait_for_forward(b);
       const auto range = p.bucket(b);
-      for (std::size_t t = range.first_tensor; t < range.first_tensor + range.tensor_count; ++t) p.copy_params(t, params[t]);
+      for (std::size_t t = range.first_tensor; t < range.first_tensor + range.tensor_count; ++t)
+        p.copy_params(t, params[t]);
     }
     for (std::size_t t = p.tensor_count(); t-- > 0;) {  // backward: last tensor first
       if (mode == handover::zero_copy) {
@@ -92,18 +95,20 @@ std::vector<std::vector<float>> shaped_like_sizes() {
 
 }  // namespace
 
-TEST_CASE("4 ranks hold bit-identical parameters after 50 steps with shuffled delivery", "[pipeline]") {
+TEST_CASE("4 ranks hold bit-identical parameters after 50 steps with shuffled delivery",
+          "[pipeline]") {
   const int ranks = 4;
   std::vector<std::vector<std::vector<float>>> result(ranks);
   std::vector<std::vector<step_measurement>> observed(ranks);
   const int staleness = GENERATE(0, 1);
   run_in_process(ranks, [&](in_process_transport& raw) {
     const int r = raw.rank();
-    test::shuffling_transport<in_process_transport> t(std::move(raw), 99 + static_cast<std::uint64_t>(r),
-                                                       std::chrono::microseconds(800));
+    test::shuffling_transport<in_process_transport> t(
+        std::move(raw), 99 + static_cast<std::uint64_t>(r), std::chrono::microseconds(800));
     thread_pool pool{2};
     pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, bf16>(),
-               adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 20000, .staleness = staleness, .exchange_threads = 2},
+               adam_optimizer({.lr = 1e-3f}),
+               {.bucket_bytes = 20000, .staleness = staleness, .exchange_threads = 2},
                observing_density{0.05, &observed[static_cast<std::size_t>(r)]});
     // Every tensor id is the application's (the step reports travel in a control section).
     for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -119,7 +124,8 @@ TEST_CASE("4 ranks hold bit-identical parameters after 50 steps with shuffled de
   });
   for (int r = 1; r < ranks; ++r) {
     for (std::size_t t = 0; t < sizes.size(); ++t) {
-      REQUIRE(std::memcmp(result[0][t].data(), result[static_cast<std::size_t>(r)][t].data(), sizes[t] * sizeof(float)) == 0);
+      REQUIRE(std::memcmp(result[0][t].data(), result[static_cast<std::size_t>(r)][t].data(),
+                          sizes[t] * sizeof(float)) == 0);
     }
   }
   // Training moved the parameters away from rank 0's initial values.
@@ -150,7 +156,8 @@ TEST_CASE("zero-copy hand-over trains exactly as the copying one", "[pipeline]")
       pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, bf16>(),
                  adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 20000, .staleness = 0},
                  fixed_density{0.05});
-      for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
       p.start();
       auto params = shaped_like_sizes();
       train(p, r, 20, params, mode);
@@ -167,7 +174,8 @@ TEST_CASE("zero-copy hand-over trains exactly as the copying one", "[pipeline]")
   CHECK(copied[0] != initial_values(sizes[0], 0, 0));
 }
 
-TEST_CASE("identity compression equals plain data-parallel SGD on the averaged gradient", "[pipeline]") {
+TEST_CASE("identity compression equals plain data-parallel SGD on the averaged gradient",
+          "[pipeline]") {
   const int ranks = 4;
   const std::int64_t steps = 12;
   const sgd_options sgd{.lr = 0.05f, .momentum = 0.9f, .nesterov = true};
@@ -175,9 +183,10 @@ TEST_CASE("identity compression equals plain data-parallel SGD on the averaged g
   run_in_process(ranks, [&](in_process_transport& t) {
     const int r = t.rank();
     thread_pool pool{1};
-    pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, float>(), sgd_optimizer(sgd),
-               {.bucket_bytes = 30000, .staleness = 0}, fixed_density{1.0});
-    for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, float>(),
+               sgd_optimizer(sgd), {.bucket_bytes = 30000, .staleness = 0}, fixed_density{1.0});
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
     p.start();
     auto params = shaped_like_sizes();
     train(p, r, steps, params);
@@ -185,7 +194,8 @@ TEST_CASE("identity compression equals plain data-parallel SGD on the averaged g
   });
   // The reference: one process, the mean of the four ranks' gradients, the same optimizer.
   sgd_optimizer reference(sgd);
-  for (std::size_t i = 0; i < sizes.size(); ++i) reference.add_tensor(initial_values(sizes[i], 0, i));
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    reference.add_tensor(initial_values(sizes[i], 0, i));
   for (std::int64_t s = 0; s < steps; ++s) {
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       const auto params = reference.params(i);
@@ -236,9 +246,10 @@ void corrupt_record_payload(std::vector<std::byte>& state, const char* tag) {
 TEST_CASE("a restored checkpoint continues bit-identically", "[pipeline]") {
   const int ranks = 4;
   auto make = [](in_process_transport& t, thread_pool& pool) {
-    return pipeline(t, pool, error_feedback_compressor<threshold_selector<>, bf16>({.momentum = 0.5f}),
-                    adam_optimizer({.lr = 1e-2f, .weight_decay = 0.01f}),
-                    {.bucket_bytes = 16000, .staleness = 0, .micro_batches = 2}, fixed_density{0.03});
+    return pipeline(
+        t, pool, error_feedback_compressor<threshold_selector<>, bf16>({.momentum = 0.5f}),
+        adam_optimizer({.lr = 1e-2f, .weight_decay = 0.01f}),
+        {.bucket_bytes = 16000, .staleness = 0, .micro_batches = 2}, fixed_density{0.03});
   };
   auto train_micro = [](auto& p, int rank, std::int64_t steps) {
     std::vector<std::vector<float>> params = shaped_like_sizes();
@@ -265,7 +276,8 @@ TEST_CASE("a restored checkpoint continues bit-identically", "[pipeline]") {
     const int r = t.rank();
     thread_pool pool{1};
     auto p = make(t, pool);
-    for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
     p.start();
     train_micro(p, r, 8);
     saved[static_cast<std::size_t>(r)] = p.save_checkpoint();
@@ -275,7 +287,8 @@ TEST_CASE("a restored checkpoint continues bit-identically", "[pipeline]") {
     const int r = t.rank();
     thread_pool pool{1};
     auto p = make(t, pool);
-    for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], 3 - r, i));
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], 3 - r, i));
     p.start();
     // A corrupted blob is refused and changes nothing: neither one the container's checksums
     // catch, nor one whose optimizer state is refused after the compressor's was accepted.
@@ -294,7 +307,8 @@ TEST_CASE("a restored checkpoint continues bit-identically", "[pipeline]") {
   });
   for (int r = 0; r < ranks; ++r) {
     for (std::size_t t = 0; t < sizes.size(); ++t) {
-      REQUIRE(std::memcmp(straight[static_cast<std::size_t>(r)][t].data(), restored[static_cast<std::size_t>(r)][t].data(),
+      REQUIRE(std::memcmp(straight[static_cast<std::size_t>(r)][t].data(),
+                          restored[static_cast<std::size_t>(r)][t].data(),
                           sizes[t] * sizeof(float)) == 0);
     }
   }
@@ -308,15 +322,18 @@ struct failing_compressor : error_feedback_compressor<threshold_selector<>, floa
   int calls = 0;
   int fail_at = 0;
   template <executor E>
-  selection_stats compress(E& ex, std::uint32_t id, std::span<const float> g, std::uint64_t k, sparse_buffer<float>& out) {
-    if (rank == fail_rank && ++calls == fail_at) throw std::runtime_error("injected selection failure");
+  selection_stats compress(E& ex, std::uint32_t id, std::span<const float> g, std::uint64_t k,
+                           sparse_buffer<float>& out) {
+    if (rank == fail_rank && ++calls == fail_at)
+      throw std::runtime_error("injected selection failure");
     return error_feedback_compressor<threshold_selector<>, float>::compress(ex, id, g, k, out);
   }
 };
 static_assert(compressor<failing_compressor>);
 }  // namespace
 
-TEST_CASE("a failure in one rank's stage reaches every rank as an error, without a hang", "[pipeline]") {
+TEST_CASE("a failure in one rank's stage reaches every rank as an error, without a hang",
+          "[pipeline]") {
   const int ranks = 4;
   std::vector<std::string> errors(ranks);
   std::vector<int> steps_done(ranks, 0);
@@ -328,8 +345,10 @@ TEST_CASE("a failure in one rank's stage reaches every rank as an error, without
     c.fail_rank = 2;
     c.fail_at = 9;
     pipeline p(t, pool, std::move(c), sgd_optimizer({.lr = 0.1f}),
-               {.bucket_bytes = 16000, .staleness = 1, .timeout = std::chrono::milliseconds(20000)}, fixed_density{0.1});
-    for (std::size_t i = 0; i < sizes.size(); ++i) p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+               {.bucket_bytes = 16000, .staleness = 1, .timeout = std::chrono::milliseconds(20000)},
+               fixed_density{0.1});
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
     p.start();
     auto params = shaped_like_sizes();
     try {
@@ -350,8 +369,11 @@ TEST_CASE("a failure in one rank's stage reaches every rank as an error, without
 TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {
   run_in_process(1, [&](in_process_transport& t) {
     thread_pool pool{1};
-    CHECK_THROWS_AS(pipeline(t, pool, error_feedback_compressor<threshold_selector<>, float>(), sgd_optimizer(), {.staleness = 2}, fixed_density{}), error);
-    pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, float>(), sgd_optimizer(), {}, fixed_density{0.5});
+    CHECK_THROWS_AS(pipeline(t, pool, error_feedback_compressor<threshold_selector<>, float>(),
+                             sgd_optimizer(), {.staleness = 2}, fixed_density{}),
+                    error);
+    pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, float>(), sgd_optimizer(),
+               {}, fixed_density{0.5});
     std::vector<float> init(10, 1.0f);
     CHECK_THROWS_AS(p.push_gradient(0, init), error);  // not started
     CHECK_THROWS_AS((void)p.gradient_buffer(0), error);
@@ -370,7 +392,8 @@ TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {
   });
   run_in_process(1, [&](in_process_transport& t) {
     thread_pool pool{1};
-    pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, float>(), sgd_optimizer(), {.micro_batches = 2}, fixed_density{0.5});
+    pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, float>(), sgd_optimizer(),
+               {.micro_batches = 2}, fixed_density{0.5});
     p.add_tensor(7, std::vector<float>(10, 1.0f));
     p.start();
     CHECK_THROWS_AS((void)p.gradient_buffer(0), error);  // zero-copy needs one micro-batch

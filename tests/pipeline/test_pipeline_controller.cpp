@@ -14,11 +14,11 @@
 #include "catch.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -43,9 +43,12 @@ struct recording_policy {
     if (log != nullptr) log->push_back({last_density, m});
     inner.observe(m);
     if (log != nullptr && std::getenv("STELLATRAIN_TEST_TRACE")) {
-      std::fprintf(stderr, "obs %zu: d=%.5f comm=%.4f compute=%.4f bytes=%llu -> bw=%.3g Mbit/s lat=%.4f next d=%.5f\n",
-                   log->size() - 1, last_density, m.comm_seconds, m.compute_seconds, (unsigned long long)m.link_bytes,
-                   inner.bandwidth() * 8e-6, inner.latency(), inner.density());
+      std::fprintf(stderr,
+                   "obs %zu: d=%.5f comm=%.4f compute=%.4f bytes=%llu -> bw=%.3g Mbit/s lat=%.4f "
+                   "next d=%.5f\n",
+                   log->size() - 1, last_density, m.comm_seconds, m.compute_seconds,
+                   (unsigned long long)m.link_bytes, inner.bandwidth() * 8e-6, inner.latency(),
+                   inner.density());
     }
     last_density = inner.density();
   }
@@ -55,9 +58,10 @@ struct recording_policy {
 
 }  // namespace
 
-TEST_CASE("the controller follows a 100 -> 20 -> 500 Mbit/s schedule on shaped links", "[pipeline][controller]") {
+TEST_CASE("the controller follows a 100 -> 20 -> 500 Mbit/s schedule on shaped links",
+          "[pipeline][controller]") {
   const int ranks = 4;
-  const std::uint64_t n = 2'000'000;     // elements, in 4 tensors / buckets
+  const std::uint64_t n = 2'000'000;  // elements, in 4 tensors / buckets
   const auto compute = std::chrono::milliseconds(60);
   const std::vector<double> schedule{100e6, 20e6, 500e6};
   const int steps_per_phase = 24;
@@ -72,12 +76,16 @@ TEST_CASE("the controller follows a 100 -> 20 -> 500 Mbit/s schedule on shaped l
 
   run_in_process(ranks, [&](in_process_transport& raw) {
     const int r = raw.rank();
-    shaped_transport<in_process_transport> t(std::move(raw), {.bits_per_second = schedule[0], .latency = latency});
+    shaped_transport<in_process_transport> t(std::move(raw),
+                                             {.bits_per_second = schedule[0], .latency = latency});
     thread_pool pool{1};
-    recording_policy policy{adaptive_density_controller({.min_density = 1e-4, .max_density = max_density, .initial_density = 0.01}),
-                            r == 0 ? &log : nullptr};
+    recording_policy policy{
+        adaptive_density_controller(
+            {.min_density = 1e-4, .max_density = max_density, .initial_density = 0.01}),
+        r == 0 ? &log : nullptr};
     pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, bf16>(),
-               sgd_optimizer({.lr = 0.01f}), {.bucket_bytes = n, .staleness = 0, .exchange_threads = 2}, policy);
+               sgd_optimizer({.lr = 0.01f}),
+               {.bucket_bytes = n, .staleness = 0, .exchange_threads = 2}, policy);
     for (std::uint32_t i = 0; i < 4; ++i) p.add_tensor(i, std::vector<float>(n / 4, 0.5f));
     p.start();
     std::vector<float> g(n / 4);
@@ -116,7 +124,8 @@ TEST_CASE("the controller follows a 100 -> 20 -> 500 Mbit/s schedule on shaped l
       // (the slowest rank's: the sleep plus the hand-overs and gates around it).
       const double true_comm = static_cast<double>(o.m.link_bytes) / bytes_per_second +
                                std::chrono::duration<double>(latency).count();
-      ratios.push_back(true_comm / std::max(o.m.compute_seconds, std::chrono::duration<double>(compute).count()));
+      ratios.push_back(true_comm / std::max(o.m.compute_seconds,
+                                            std::chrono::duration<double>(compute).count()));
       densities.push_back(o.density);
       at_bound = at_bound || o.density <= 1e-4 * 1.0001 || o.density >= max_density * 0.9999;
       UNSCOPED_INFO("phase " << phase << " step " << s << " density " << o.density << " link bytes "

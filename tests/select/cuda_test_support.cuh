@@ -31,16 +31,22 @@ class device_buffer {
   device_buffer& operator=(const device_buffer&) = delete;
 
   void upload(const std::vector<T>& host) {
-    if (!host.empty()) STELLATRAIN_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    if (!host.empty())
+      STELLATRAIN_CUDA_CHECK(
+          cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
   [[nodiscard]] std::vector<T> download() const {
     std::vector<T> out(size_);
-    if (size_ != 0) STELLATRAIN_CUDA_CHECK(cudaMemcpy(out.data(), ptr_, size_ * sizeof(T), cudaMemcpyDeviceToHost));
+    if (size_ != 0)
+      STELLATRAIN_CUDA_CHECK(
+          cudaMemcpy(out.data(), ptr_, size_ * sizeof(T), cudaMemcpyDeviceToHost));
     return out;
   }
   [[nodiscard]] T* get() const { return ptr_; }
   [[nodiscard]] std::size_t size() const { return size_; }
-  [[nodiscard]] std::span<std::byte> bytes() const { return {reinterpret_cast<std::byte*>(ptr_), size_ * sizeof(T)}; }
+  [[nodiscard]] std::span<std::byte> bytes() const {
+    return {reinterpret_cast<std::byte*>(ptr_), size_ * sizeof(T)};
+  }
 
  private:
   T* ptr_ = nullptr;
@@ -49,7 +55,9 @@ class device_buffer {
 
 class pinned_bytes {
  public:
-  explicit pinned_bytes(std::size_t n) : size_(n) { STELLATRAIN_CUDA_CHECK(cudaMallocHost(&ptr_, n == 0 ? 1 : n)); }
+  explicit pinned_bytes(std::size_t n) : size_(n) {
+    STELLATRAIN_CUDA_CHECK(cudaMallocHost(&ptr_, n == 0 ? 1 : n));
+  }
   ~pinned_bytes() { cudaFreeHost(ptr_); }
   pinned_bytes(const pinned_bytes&) = delete;
   pinned_bytes& operator=(const pinned_bytes&) = delete;
@@ -82,9 +90,11 @@ struct host_selection {
 };
 
 template <class Value, class Index>
-host_selection<Value, Index> fetch_selection(std::span<const std::byte> device_out, std::size_t bytes, const stream& s) {
+host_selection<Value, Index> fetch_selection(std::span<const std::byte> device_out,
+                                             std::size_t bytes, const stream& s) {
   pinned_bytes host(bytes);
-  STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(host.span().data(), device_out.data(), bytes, cudaMemcpyDeviceToHost, s.get()));
+  STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(host.span().data(), device_out.data(), bytes,
+                                         cudaMemcpyDeviceToHost, s.get()));
   s.sync();
   host_selection<Value, Index> out;
   out.header = read_selection_header(host.span());

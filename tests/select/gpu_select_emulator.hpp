@@ -20,29 +20,30 @@
 namespace stellatrain::test {
 
 struct emulator_options {
-  std::uint64_t cap0 = 0;           // 0: as the workspace plan sizes it (with the fractions below)
+  std::uint64_t cap0 = 0;  // 0: as the workspace plan sizes it (with the fractions below)
   std::uint64_t cap1 = 0;
   double candidate_fraction = 1.0 / 32;
   double threshold_factor = 2.0;
   std::uint32_t threshold_key = 0;  // 0: exact selection; else threshold mode with this key
   bool threshold_mode = false;      // run the histogram step (as the threshold entry points do)
   std::uint64_t shuffle_seed = 1;
-  unsigned block_threads = 512;     // pieces of the parallel bucket choice
+  unsigned block_threads = 512;  // pieces of the parallel bucket choice
 };
 
 struct emulated_selection {
   std::vector<std::uint64_t> indices;  // ascending, as the compaction writes them
   detail::radix_state state{};
-  std::uint32_t full_reads = 0;        // passes that read every element
-  std::uint32_t buffer_reads = 0;      // passes that read a candidate buffer
+  std::uint32_t full_reads = 0;    // passes that read every element
+  std::uint32_t buffer_reads = 0;  // passes that read a candidate buffer
   std::uint64_t cap0 = 0;
   std::uint64_t cap1 = 0;
 };
 
 /// The device's bucket choice: the rank positions cut into `threads` pieces of equal length,
 /// each scanned from the exclusive prefix of the pieces before it.
-inline detail::radix_step_result parallel_choose(const std::vector<std::uint64_t>& hist, const detail::radix_plan& p,
-                                                 std::uint32_t level, std::uint64_t k, unsigned threads) {
+inline detail::radix_step_result parallel_choose(const std::vector<std::uint64_t>& hist,
+                                                 const detail::radix_plan& p, std::uint32_t level,
+                                                 std::uint64_t k, unsigned threads) {
   const unsigned per = detail::device_radix_bins / threads;
   const std::uint32_t bins = 1u << p.digit(level).bits;
   std::vector<std::uint64_t> by_position(detail::device_radix_bins, 0);
@@ -67,8 +68,9 @@ inline detail::radix_step_result parallel_choose(const std::vector<std::uint64_t
 }
 
 /// Emulates one selection of the top min(k, n) of `keys` (magnitude keys of `key_bits` bits).
-inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> keys, std::uint32_t key_bits,
-                                               std::uint64_t k, const emulator_options& o = {}) {
+inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> keys,
+                                               std::uint32_t key_bits, std::uint64_t k,
+                                               const emulator_options& o = {}) {
   using namespace stellatrain::detail;
   emulated_selection out;
   const std::uint64_t n = keys.size();
@@ -85,7 +87,8 @@ inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> ke
   radix_state& s = out.state;
   s = {};
   std::vector<std::uint32_t> bitmap(bitmap_words(n), 0xdeadbeefu);  // the scan must clear it
-  std::array<std::vector<std::uint64_t>, 2> buffers{std::vector<std::uint64_t>(cap0), std::vector<std::uint64_t>(cap1)};
+  std::array<std::vector<std::uint64_t>, 2> buffers{std::vector<std::uint64_t>(cap0),
+                                                    std::vector<std::uint64_t>(cap1)};
   std::vector<std::uint64_t> hist(device_radix_bins);
 
   // Step 0: scan.
@@ -104,7 +107,8 @@ inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> ke
         if (pos < cap0) buffers[0][pos] = i;
       }
     }
-    std::shuffle(buffers[0].begin(), buffers[0].begin() + static_cast<std::ptrdiff_t>(std::min(appended, cap0)), rng);
+    std::shuffle(buffers[0].begin(),
+                 buffers[0].begin() + static_cast<std::ptrdiff_t>(std::min(appended, cap0)), rng);
     ++out.full_reads;
     radix_step_result r = parallel_choose(hist, plan, 0, kk, o.block_threads);
     r.appended = appended;
@@ -125,7 +129,8 @@ inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> ke
     const bool all_in = before.phase == radix_all_in;
     const radix_io io = radix_classify_io(before, cap0, cap1);
     std::vector<std::uint64_t>* dst =
-        io.write == radix_from_buffer0 ? &buffers[0] : (io.write == radix_from_buffer1 ? &buffers[1] : nullptr);
+        io.write == radix_from_buffer0 ? &buffers[0]
+                                       : (io.write == radix_from_buffer1 ? &buffers[1] : nullptr);
     const std::uint64_t dst_cap = io.write == radix_from_buffer0 ? cap0 : cap1;
     std::vector<std::uint64_t> dst_content;
     std::fill(hist.begin(), hist.end(), 0);
@@ -133,7 +138,8 @@ inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> ke
     auto visit = [&](std::uint64_t i) {
       const std::uint32_t key = keys[i];
       const radix_class c = radix_classify(before, plan, key, i);
-      if (c == radix_class::winner || (all_in && c == radix_class::candidate)) bitmap[i / 32] |= 1u << (i % 32);
+      if (c == radix_class::winner || (all_in && c == radix_class::candidate))
+        bitmap[i / 32] |= 1u << (i % 32);
       if (!all_in && c == radix_class::candidate) {
         ++hist[radix_next_digit(before, plan, key, i)];
         if (dst != nullptr) {
@@ -147,7 +153,8 @@ inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> ke
       ++out.full_reads;
     } else {
       const auto& src = buffers[io.read == radix_from_buffer0 ? 0 : 1];
-      for (std::uint64_t j = 0; j < before.source_count; ++j) visit(src.at(j));  // .at: a claim past the capacity throws
+      for (std::uint64_t j = 0; j < before.source_count; ++j)
+        visit(src.at(j));  // .at: a claim past the capacity throws
       ++out.buffer_reads;
     }
     if (dst != nullptr) {
@@ -155,7 +162,8 @@ inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> ke
       std::copy(dst_content.begin(), dst_content.end(), dst->begin());
     }
     radix_step_result r{0, {0, 0, 0, false}, 0};
-    if (!all_in) r = parallel_choose(hist, plan, before.level + 1, before.k_remaining, o.block_threads);
+    if (!all_in)
+      r = parallel_choose(hist, plan, before.level + 1, before.k_remaining, o.block_threads);
     r.appended = appended;
     radix_finish_classify(s, plan, io, dst_cap, r);
   }
@@ -165,7 +173,8 @@ inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> ke
   std::vector<std::uint64_t> tile_offset(tiles + 1, 0);
   for (std::uint64_t t = 0; t < tiles; ++t) {
     std::uint64_t c = 0;
-    for (std::uint64_t w = t * compaction_tile_words; w < std::min<std::uint64_t>((t + 1) * compaction_tile_words, bitmap.size()); ++w) {
+    for (std::uint64_t w = t * compaction_tile_words;
+         w < std::min<std::uint64_t>((t + 1) * compaction_tile_words, bitmap.size()); ++w) {
       c += static_cast<std::uint64_t>(std::popcount(bitmap[w]));
     }
     tile_offset[t + 1] = tile_offset[t] + c;
@@ -173,7 +182,8 @@ inline emulated_selection emulate_radix_select(std::span<const std::uint32_t> ke
   out.indices.assign(tile_offset[tiles], ~std::uint64_t{0});
   for (std::uint64_t t = 0; t < tiles; ++t) {
     std::uint64_t pos = tile_offset[t];
-    for (std::uint64_t w = t * compaction_tile_words; w < std::min<std::uint64_t>((t + 1) * compaction_tile_words, bitmap.size()); ++w) {
+    for (std::uint64_t w = t * compaction_tile_words;
+         w < std::min<std::uint64_t>((t + 1) * compaction_tile_words, bitmap.size()); ++w) {
       for_each_set_bit(bitmap[w], w, [&](std::uint64_t i) { out.indices[pos++] = i; });
     }
   }

@@ -12,10 +12,10 @@
 
 #include <bit>
 #include <cmath>
-#include <tuple>
 #include <cstdint>
 #include <random>
 #include <span>
+#include <tuple>
 #include <vector>
 
 namespace stellatrain::test {
@@ -74,14 +74,16 @@ void require_valid_selection(std::span<const T> x, std::uint64_t k, std::span<co
     if (!in_range || !ascending || raw_bits(val[j]) != raw_bits(x[idx[j] - base])) bad = j;
   }
   const std::uint64_t bad_index = bad < count ? static_cast<std::uint64_t>(idx[bad]) : 0;
-  const std::uint64_t previous_index = bad < count && bad > 0 ? static_cast<std::uint64_t>(idx[bad - 1]) : 0;
+  const std::uint64_t previous_index =
+      bad < count && bad > 0 ? static_cast<std::uint64_t>(idx[bad - 1]) : 0;
   CAPTURE(bad, bad_index, previous_index);
   REQUIRE(bad == count);
 }
 
 /// Indices (minus `base`) as 64-bit values, for comparison with the oracle.
 template <class Index>
-std::vector<std::uint64_t> as_u64(std::span<const Index> idx, std::uint64_t count, std::uint64_t base = 0) {
+std::vector<std::uint64_t> as_u64(std::span<const Index> idx, std::uint64_t count,
+                                  std::uint64_t base = 0) {
   std::vector<std::uint64_t> v(count);
   for (std::uint64_t j = 0; j < count; ++j) v[j] = idx[j] - base;
   return v;

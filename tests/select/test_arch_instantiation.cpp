@@ -133,7 +133,7 @@ STELLATRAIN_INSTANTIATE_CLASSES(xsimd::neon64)
 
 // The list above misses none of the architectures xsimd says this unit supports.
 static_assert([]<class... A>(xsimd::arch_list<A...>) {
-  return ((classes_instantiated<A> || !unit_covers<A>) && ...);
+  return ((classes_instantiated<A> || !unit_covers<A>)&&...);
 }(xsimd::supported_architectures{}));
 
 namespace {

@@ -17,7 +17,8 @@ using namespace stellatrain::test;
 namespace {
 
 template <class Arch, class T, class Ex>
-std::vector<std::uint64_t> run_block(Ex& ex, const std::vector<T>& x, std::uint64_t k, block_topk_options options = {},
+std::vector<std::uint64_t> run_block(Ex& ex, const std::vector<T>& x, std::uint64_t k,
+                                     block_topk_options options = {},
                                      block_selection_stats* stats = nullptr) {
   block_topk_selector<Arch> sel(options);
   const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
@@ -33,8 +34,8 @@ std::vector<std::uint64_t> run_block(Ex& ex, const std::vector<T>& x, std::uint6
 // one, truncated to its largest elements; no left-out block scores clearly above a selected
 // one; the reported energies are the sums of squares.
 template <class T>
-void check_blocks(const std::vector<T>& x, std::uint64_t k, const std::vector<std::uint64_t>& got, block_score score,
-                  const block_selection_stats& st) {
+void check_blocks(const std::vector<T>& x, std::uint64_t k, const std::vector<std::uint64_t>& got,
+                  block_score score, const block_selection_stats& st) {
   const std::uint64_t b = 64 / sizeof(T);
   const std::uint64_t n = x.size();
   const std::uint64_t nb = (n + b - 1) / b;
@@ -79,11 +80,13 @@ void check_blocks(const std::vector<T>& x, std::uint64_t k, const std::vector<st
 
 }  // namespace
 
-TEMPLATE_LIST_TEST_CASE("block selection: whole cache lines, exactly k", "[select][block]", test_archs) {
+TEMPLATE_LIST_TEST_CASE("block selection: whole cache lines, exactly k", "[select][block]",
+                        test_archs) {
   inline_executor ex;
   for (std::uint64_t n : {1, 15, 16, 17, 31, 100, 163, 4096, 100'003, 1 << 20}) {
     const auto x = row_correlated(n, n + 1);
-    for (std::uint64_t k : {std::uint64_t{1}, std::uint64_t{16}, std::uint64_t{17}, n / 100 + 5, n / 3, n - 1, n}) {
+    for (std::uint64_t k :
+         {std::uint64_t{1}, std::uint64_t{16}, std::uint64_t{17}, n / 100 + 5, n / 3, n - 1, n}) {
       if (k == 0 || k > n) continue;
       for (block_score score : {block_score::l1, block_score::l2}) {
         CAPTURE(n, k, static_cast<int>(score));
@@ -95,8 +98,8 @@ TEMPLATE_LIST_TEST_CASE("block selection: whole cache lines, exactly k", "[selec
   }
 }
 
-TEMPLATE_LIST_TEST_CASE("block selection: L1 scores agree bit for bit across architectures", "[select][block]",
-                        test_archs) {
+TEMPLATE_LIST_TEST_CASE("block selection: L1 scores agree bit for bit across architectures",
+                        "[select][block]", test_archs) {
   thread_pool pool(2);
   const auto x = gaussian(1'000'003, 8);
   for (std::uint64_t k : {std::uint64_t{1000}, std::uint64_t{10'007}}) {
@@ -107,7 +110,8 @@ TEMPLATE_LIST_TEST_CASE("block selection: L1 scores agree bit for bit across arc
   }
 }
 
-TEST_CASE("block selection: a short last block among the best, and the block after it", "[select][block]") {
+TEST_CASE("block selection: a short last block among the best, and the block after it",
+          "[select][block]") {
   inline_executor ex;
   // 10 full blocks and a last block of 3 huge values: k = 16 takes the 3, then the 13
   // largest of the best full block (block 4, scaled up).
@@ -133,7 +137,8 @@ TEST_CASE("block selection on fp16 / bf16 uses 32-element blocks", "[select][blo
   block_selection_stats st;
   check_blocks(h, 320, run_block<xsimd::default_arch>(ex, h, 320, {}, &st), block_score::l1, st);
   REQUIRE(st.blocks == 10);
-  check_blocks(b, 100, run_block<xsimd::default_arch>(ex, b, 100, {.score = block_score::l2}, &st), block_score::l2, st);
+  check_blocks(b, 100, run_block<xsimd::default_arch>(ex, b, 100, {.score = block_score::l2}, &st),
+               block_score::l2, st);
 }
 
 TEST_CASE("block selection ranks NaN blocks first and handles ties", "[select][block]") {
@@ -148,8 +153,10 @@ TEST_CASE("block selection ranks NaN blocks first and handles ties", "[select][b
   REQUIRE(got == expected);
 }
 
-TEST_CASE("block selection keeps much less energy than top-k on i.i.d. gradients, more on correlated ones",
-          "[select][block]") {
+TEST_CASE(
+    "block selection keeps much less energy than top-k on i.i.d. gradients, more on correlated "
+    "ones",
+    "[select][block]") {
   thread_pool pool(2);
   const std::uint64_t n = 1 << 20;
   const std::uint64_t k = n / 100;
@@ -158,8 +165,10 @@ TEST_CASE("block selection keeps much less energy than top-k on i.i.d. gradients
   block_selection_stats sg, sr;
   run_block<xsimd::default_arch>(pool, g, k, {}, &sg);
   run_block<xsimd::default_arch>(pool, r, k, {}, &sr);
-  const double topk_g = energy_fraction<float, std::uint64_t>(g, reference_topk_indices<float>(g, k));
-  const double topk_r = energy_fraction<float, std::uint64_t>(r, reference_topk_indices<float>(r, k));
+  const double topk_g =
+      energy_fraction<float, std::uint64_t>(g, reference_topk_indices<float>(g, k));
+  const double topk_r =
+      energy_fraction<float, std::uint64_t>(r, reference_topk_indices<float>(r, k));
   CAPTURE(sg.energy_fraction(), topk_g, sr.energy_fraction(), topk_r);
   REQUIRE(sg.energy_fraction() < 0.5 * topk_g);
   REQUIRE(sr.energy_fraction() > sg.energy_fraction());

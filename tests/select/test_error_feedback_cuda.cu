@@ -25,7 +25,8 @@ using stellatrain::test::raw_bits;
 /// The scalar definition of one step; updates `residual`, returns (indices, values sent).
 template <class G, class Out>
 std::pair<std::vector<std::uint64_t>, std::vector<Out>> reference_step(const std::vector<G>& g,
-                                                                       std::vector<float>& residual, std::uint64_t k) {
+                                                                       std::vector<float>& residual,
+                                                                       std::uint64_t k) {
   std::vector<float> acc(g.size());
   for (std::size_t i = 0; i < g.size(); ++i) acc[i] = to_float(g[i]) + residual[i];
   auto idx = test::reference_topk_indices<float>(std::span<const float>(acc), k);
@@ -57,17 +58,20 @@ void check_feedback_steps(std::size_t n, std::uint64_t k, bool threshold) {
     }
     dg.upload(g);
     if (threshold) {
-      error_feedback_topk_threshold<std::uint32_t, Out>(ctx, dg.get(), dres.get(), n, k, state.get(), out.bytes(),
-                                                        ws.bytes());
+      error_feedback_topk_threshold<std::uint32_t, Out>(ctx, dg.get(), dres.get(), n, k,
+                                                        state.get(), out.bytes(), ws.bytes());
     } else {
-      error_feedback_topk<std::uint32_t, Out>(ctx, dg.get(), dres.get(), n, k, out.bytes(), ws.bytes());
+      error_feedback_topk<std::uint32_t, Out>(ctx, dg.get(), dres.get(), n, k, out.bytes(),
+                                              ws.bytes());
     }
     const auto got = fetch_selection<Out, std::uint32_t>(out.bytes(), out_bytes, s);
     const auto [want_idx, want_val] = reference_step<G, Out>(g, residual, k);
-    INFO("n = " << n << ", k = " << k << ", step " << step << (threshold ? ", threshold" : ", exact"));
+    INFO("n = " << n << ", k = " << k << ", step " << step
+                << (threshold ? ", threshold" : ", exact"));
     REQUIRE(got.indices == want_idx);
     std::size_t bad = 0;
-    for (std::size_t j = 0; j < want_val.size(); ++j) bad += raw_bits(got.values[j]) != raw_bits(want_val[j]);
+    for (std::size_t j = 0; j < want_val.size(); ++j)
+      bad += raw_bits(got.values[j]) != raw_bits(want_val[j]);
     CHECK(bad == 0);
     const auto r = dres.download();
     bad = 0;
@@ -79,13 +83,20 @@ void check_feedback_steps(std::size_t n, std::uint64_t k, bool threshold) {
 }  // namespace
 
 TEST_CASE("fused error feedback equals its scalar definition", "[select][cuda][feedback]") {
-  SECTION("fp32 gradients, fp32 values") { check_feedback_steps<float, float>(300'000, 3000, false); }
+  SECTION("fp32 gradients, fp32 values") {
+    check_feedback_steps<float, float>(300'000, 3000, false);
+  }
   SECTION("bf16 gradients, bf16 values") { check_feedback_steps<bf16, bf16>(300'000, 3000, false); }
-  SECTION("fp16 gradients, fp16 values, tiny tensor") { check_feedback_steps<fp16, fp16>(37, 5, false); }
-  SECTION("fp32 gradients, bf16 values, 10%") { check_feedback_steps<float, bf16>(1'000'003, 100'000, false); }
+  SECTION("fp16 gradients, fp16 values, tiny tensor") {
+    check_feedback_steps<fp16, fp16>(37, 5, false);
+  }
+  SECTION("fp32 gradients, bf16 values, 10%") {
+    check_feedback_steps<float, bf16>(1'000'003, 100'000, false);
+  }
 }
 
-TEST_CASE("fused error feedback with a persistent threshold gives the same steps", "[select][cuda][feedback]") {
+TEST_CASE("fused error feedback with a persistent threshold gives the same steps",
+          "[select][cuda][feedback]") {
   check_feedback_steps<float, float>(2'000'000, 20'000, true);
   check_feedback_steps<bf16, bf16>(500'000, 500, true);
 }

@@ -16,20 +16,22 @@ namespace {
 
 template <class Arch, class T, class Index = std::uint32_t, class Ex>
 std::vector<std::uint64_t> run_exact(Ex& ex, const std::vector<T>& x, std::uint64_t k,
-                                     exact_topk_options options = {}, selection_stats* stats = nullptr,
-                                     std::uint64_t base = 0) {
+                                     exact_topk_options options = {},
+                                     selection_stats* stats = nullptr, std::uint64_t base = 0) {
   exact_topk_selector<Arch> sel(options);
   const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
   std::vector<Index> idx(m + 3);
   std::vector<T> val(m + 3);
-  const auto st = sel.select(ex, std::span<const T>(x), k, std::span<Index>(idx), std::span<T>(val), base);
+  const auto st =
+      sel.select(ex, std::span<const T>(x), k, std::span<Index>(idx), std::span<T>(val), base);
   require_valid_selection<T, Index>(x, k, idx, val, st.count, base);
   if (stats) *stats = st;
   return as_u64<Index>(idx, st.count, base);
 }
 
 template <class Arch, class T>
-void check_against_oracle(const std::vector<T>& x, std::uint64_t k, exact_topk_options options = {}) {
+void check_against_oracle(const std::vector<T>& x, std::uint64_t k,
+                          exact_topk_options options = {}) {
   inline_executor ex;
   selection_stats st;
   const auto got = run_exact<Arch>(ex, x, k, options, &st);
@@ -39,17 +41,20 @@ void check_against_oracle(const std::vector<T>& x, std::uint64_t k, exact_topk_o
 
 }  // namespace
 
-TEMPLATE_LIST_TEST_CASE("exact top-k matches the oracle at edge sizes", "[select][exact]", test_archs) {
+TEMPLATE_LIST_TEST_CASE("exact top-k matches the oracle at edge sizes", "[select][exact]",
+                        test_archs) {
   for (std::uint64_t n : {0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 100, 1001}) {
     const auto x = gaussian(n, n + 1);
-    for (std::uint64_t k : {std::uint64_t{0}, std::uint64_t{1}, n / 3, n / 2, n > 0 ? n - 1 : 0, n, n + 5}) {
+    for (std::uint64_t k :
+         {std::uint64_t{0}, std::uint64_t{1}, n / 3, n / 2, n > 0 ? n - 1 : 0, n, n + 5}) {
       CAPTURE(n, k);
       check_against_oracle<TestType>(x, k);
     }
   }
 }
 
-TEMPLATE_LIST_TEST_CASE("exact top-k matches the oracle on 2^20 elements and odd tails", "[select][exact]", test_archs) {
+TEMPLATE_LIST_TEST_CASE("exact top-k matches the oracle on 2^20 elements and odd tails",
+                        "[select][exact]", test_archs) {
   for (std::uint64_t n : {std::uint64_t{1} << 20, std::uint64_t{1'000'003}}) {
     const auto g = gaussian(n, 7);
     const auto r = row_correlated(n, 8);
@@ -98,7 +103,8 @@ TEMPLATE_LIST_TEST_CASE("exact top-k ranks NaN above inf above finite, ties to t
   REQUIRE(run_exact<TestType>(ex, zeros, 3) == std::vector<std::uint64_t>{0, 1, 2});
 }
 
-TEMPLATE_LIST_TEST_CASE("exact top-k stays exact when the sampled bound fails", "[select][exact]", test_archs) {
+TEMPLATE_LIST_TEST_CASE("exact top-k stays exact when the sampled bound fails", "[select][exact]",
+                        test_archs) {
   inline_executor ex;
   const std::uint64_t n = std::uint64_t{1} << 20;
   SECTION("massive ties: store overflows, full radix passes with per-chunk tie quotas") {
@@ -165,20 +171,24 @@ TEST_CASE("exact top-k: ties at the k-th key spread over every thread's share", 
   }
 }
 
-TEST_CASE("exact top-k: 64-bit indices through an offset view past 2^32", "[select][exact][index64]") {
+TEST_CASE("exact top-k: 64-bit indices through an offset view past 2^32",
+          "[select][exact][index64]") {
   const std::uint64_t base = (std::uint64_t{1} << 32) + 12345;
   const auto x = gaussian(1 << 20, 9);
   inline_executor ex;
   const std::uint64_t k = 5000;
-  const auto got = run_exact<xsimd::default_arch, float, std::uint64_t>(ex, x, k, {}, nullptr, base);
+  const auto got =
+      run_exact<xsimd::default_arch, float, std::uint64_t>(ex, x, k, {}, nullptr, base);
   REQUIRE(got == reference_topk_indices<float>(x, k));
   // A 32-bit index cannot hold base + i.
   exact_topk_selector<> sel;
   std::vector<std::uint32_t> idx(k);
   std::vector<float> val(k);
-  REQUIRE_THROWS_AS(sel.select(ex, std::span<const float>(x), k, std::span(idx), std::span(val), base), error);
+  REQUIRE_THROWS_AS(
+      sel.select(ex, std::span<const float>(x), k, std::span(idx), std::span(val), base), error);
   // Too short an output.
-  REQUIRE_THROWS_AS(sel.select(ex, std::span<const float>(x), k + 1, std::span(idx), std::span(val)), error);
+  REQUIRE_THROWS_AS(
+      sel.select(ex, std::span<const float>(x), k + 1, std::span(idx), std::span(val)), error);
 }
 
 TEST_CASE("exact top-k into a sparse_buffer reuses its storage", "[select][exact]") {

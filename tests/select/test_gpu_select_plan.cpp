@@ -47,14 +47,16 @@ std::vector<T> few_values(std::size_t n, std::uint64_t seed, int distinct) {
   std::mt19937_64 rng(seed);
   std::vector<T> x(n);
   for (auto& v : x) {
-    const float m = static_cast<float>(static_cast<int>(rng() % static_cast<std::uint64_t>(distinct))) * 0.25f;
+    const float m =
+        static_cast<float>(static_cast<int>(rng() % static_cast<std::uint64_t>(distinct))) * 0.25f;
     v = from_float<T>(rng() % 2 ? m : -m);
   }
   return x;
 }
 
 template <class T>
-void check_against_oracle(const std::vector<T>& x, std::uint64_t k, const emulator_options& o = {}) {
+void check_against_oracle(const std::vector<T>& x, std::uint64_t k,
+                          const emulator_options& o = {}) {
   const auto keys = keys_of(x);
   const auto got = emulate_radix_select(keys, detail::magnitude_key_bits<T>, k, o);
   const auto want = stellatrain::test::reference_topk_indices<T>(std::span<const T>(x), k);
@@ -120,8 +122,10 @@ TEST_CASE("magnitude keys rank as the shared semantics say", "[select][gpu_plan]
   using detail::magnitude_key;
   CHECK(magnitude_key(0.0f) == magnitude_key(-0.0f));
   CHECK(magnitude_key(-2.0f) == magnitude_key(2.0f));
-  CHECK(magnitude_key(std::numeric_limits<float>::infinity()) > magnitude_key(std::numeric_limits<float>::max()));
-  CHECK(magnitude_key(std::numeric_limits<float>::quiet_NaN()) > magnitude_key(std::numeric_limits<float>::infinity()));
+  CHECK(magnitude_key(std::numeric_limits<float>::infinity()) >
+        magnitude_key(std::numeric_limits<float>::max()));
+  CHECK(magnitude_key(std::numeric_limits<float>::quiet_NaN()) >
+        magnitude_key(std::numeric_limits<float>::infinity()));
   CHECK(magnitude_key(fp16{-1.0f}) == magnitude_key(fp16{1.0f}));
   CHECK(magnitude_key(fp16::from_bits(0x7e00)) > magnitude_key(fp16::from_bits(0x7c00)));
   CHECK(magnitude_key(bf16::from_bits(0xffc0)) > magnitude_key(bf16::from_bits(0x7f80)));
@@ -142,7 +146,8 @@ TEST_CASE("the parallel bucket choice equals the serial one", "[select][gpu_plan
     for (int j = 0; j < filled; ++j) hist[rng() % detail::device_radix_bins] += 1 + rng() % 50;
     std::uint64_t total = 0;
     for (auto h : hist) total += h;
-    for (std::uint32_t level : {0u, 3u}) {  // a key level (descending) and an index level (ascending)
+    for (std::uint32_t level :
+         {0u, 3u}) {  // a key level (descending) and an index level (ascending)
       for (std::uint64_t k : {std::uint64_t{1}, total / 3 + 1, total / 2, total - 1, total}) {
         if (k == 0) continue;
         const auto serial = detail::radix_choose(hist.data(), plan, level, k);
@@ -181,9 +186,11 @@ TEST_CASE("classification by the chosen bucket", "[select][gpu_plan]") {
   detail::radix_apply_choice(s, plan, 1, {detail::device_radix_bins - 1 - 9, 2, 8, true});
   CHECK(detail::radix_classify(s, plan, 6u << 20, 0) == detail::radix_class::skip);
   CHECK(detail::radix_classify(s, plan, (5u << 20) | (10u << 9), 0) == detail::radix_class::winner);
-  CHECK(detail::radix_classify(s, plan, (5u << 20) | (9u << 9), 0) == detail::radix_class::candidate);
+  CHECK(detail::radix_classify(s, plan, (5u << 20) | (9u << 9), 0) ==
+        detail::radix_class::candidate);
   // Levels 2 (last key digit) and 3 (first index digit, ascending: lower indices win).
-  detail::radix_apply_choice(s, plan, 2, {(1u << 9) - 1 - 1, 1, 6, true});  // 9-bit digit: 512 positions
+  detail::radix_apply_choice(s, plan, 2,
+                             {(1u << 9) - 1 - 1, 1, 6, true});  // 9-bit digit: 512 positions
   CHECK(s.phase == detail::radix_running);
   const std::uint32_t t = (5u << 20) | (9u << 9) | 1u;
   CHECK(s.key_prefix == t);
@@ -201,14 +208,16 @@ TEST_CASE("classification by the chosen bucket", "[select][gpu_plan]") {
 TEST_CASE("emulated GPU select equals the oracle: fp32", "[select][gpu_plan]") {
   SECTION("gaussian, densities 0.1% .. 100%, and past n") {
     const auto x = gaussian<float>(std::size_t{1} << 16, 11);
-    for (std::uint64_t k : {1, 7, 65, 655, 6553, 32768, 65535, 65536, 70000}) check_against_oracle(x, k);
+    for (std::uint64_t k : {1, 7, 65, 655, 6553, 32768, 65535, 65536, 70000})
+      check_against_oracle(x, k);
   }
   SECTION("2^20 elements, k = 1%: two full reads, then the candidate buffer") {
     const auto x = gaussian<float>(std::size_t{1} << 20, 12);
     const auto keys = keys_of(x);
     const std::uint64_t k = x.size() / 100;
     const auto got = emulate_radix_select(keys, 31, k);
-    CHECK(got.indices == stellatrain::test::reference_topk_indices<float>(std::span<const float>(x), k));
+    CHECK(got.indices ==
+          stellatrain::test::reference_topk_indices<float>(std::span<const float>(x), k));
     CHECK(got.full_reads == 2);
     CHECK(got.buffer_reads >= 1);
   }
@@ -243,7 +252,8 @@ TEST_CASE("emulated GPU select equals the oracle: fp32", "[select][gpu_plan]") {
   SECTION("few distinct values, candidate buffers from 1 entry to n") {
     const auto x = few_values<float>(20'000, 14, 9);
     for (std::uint64_t cap : {1, 2, 1000, 5000, 19'999, 20'000}) {
-      for (std::uint64_t k : {1, 2221, 10'000, 19'000}) check_against_oracle(x, k, {.cap0 = cap, .cap1 = cap});
+      for (std::uint64_t k : {1, 2221, 10'000, 19'000})
+        check_against_oracle(x, k, {.cap0 = cap, .cap1 = cap});
     }
     check_against_oracle(x, 4321, {.cap0 = 20'000, .cap1 = 3});
     check_against_oracle(x, 4321, {.cap0 = 3, .cap1 = 20'000});
@@ -253,7 +263,8 @@ TEST_CASE("emulated GPU select equals the oracle: fp32", "[select][gpu_plan]") {
     std::vector<float> x(50'000, 1.0f);
     for (std::size_t i = 0; i < 777; ++i) x[(i * 7919) % x.size()] = 2.0f;
     for (std::uint64_t cap : {775, 776, 777, 778}) {
-      for (std::uint64_t k : {100, 776, 777, 778, 5000}) check_against_oracle(x, k, {.cap0 = cap, .cap1 = cap});
+      for (std::uint64_t k : {100, 776, 777, 778, 5000})
+        check_against_oracle(x, k, {.cap0 = cap, .cap1 = cap});
     }
   }
 }
@@ -284,18 +295,21 @@ TEST_CASE("emulated GPU select equals the oracle: fp16 and bf16", "[select][gpu_
   }
 }
 
-TEST_CASE("emulated threshold selection is exact whether the threshold hits or misses", "[select][gpu_plan]") {
+TEST_CASE("emulated threshold selection is exact whether the threshold hits or misses",
+          "[select][gpu_plan]") {
   const auto x = gaussian<float>(200'000, 31);
   const auto keys = keys_of(x);
   const std::uint64_t k = 2000;
   const auto want = stellatrain::test::reference_topk_indices<float>(std::span<const float>(x), k);
   auto kth = keys;
-  std::nth_element(kth.begin(), kth.begin() + static_cast<std::ptrdiff_t>(k - 1), kth.end(), std::greater<>());
+  std::nth_element(kth.begin(), kth.begin() + static_cast<std::ptrdiff_t>(k - 1), kth.end(),
+                   std::greater<>());
   const std::uint32_t t = kth[k - 1];
 
   SECTION("a good threshold: one full read") {
     const auto thr = detail::magnitude_key(detail::key_value<float>(t) * 0.97f);
-    const auto got = emulate_radix_select(keys, 31, k, {.threshold_key = thr, .threshold_mode = true});
+    const auto got =
+        emulate_radix_select(keys, 31, k, {.threshold_key = thr, .threshold_mode = true});
     CHECK(got.indices == want);
     CHECK(got.full_reads == 1);
     CHECK((got.state.flags & 2u) != 0);
@@ -303,19 +317,22 @@ TEST_CASE("emulated threshold selection is exact whether the threshold hits or m
     CHECK(got.state.scan_total >= k);
   }
   SECTION("the k-th key itself as threshold") {
-    const auto got = emulate_radix_select(keys, 31, k, {.threshold_key = t, .threshold_mode = true});
+    const auto got =
+        emulate_radix_select(keys, 31, k, {.threshold_key = t, .threshold_mode = true});
     CHECK(got.indices == want);
     CHECK(got.full_reads == 1);
   }
   SECTION("too high: too few candidates, exact fallback in the same call") {
-    const auto got = emulate_radix_select(keys, 31, k, {.threshold_key = t + 1, .threshold_mode = true});
+    const auto got =
+        emulate_radix_select(keys, 31, k, {.threshold_key = t + 1, .threshold_mode = true});
     CHECK(got.indices == want);
     CHECK((got.state.flags & 1u) != 0);
     CHECK(got.full_reads >= 3);
   }
   SECTION("too low: more candidates than buffer 0 holds") {
     const auto thr = detail::magnitude_key(detail::key_value<float>(t) * 0.2f);
-    const auto got = emulate_radix_select(keys, 31, k, {.threshold_key = thr, .threshold_mode = true});
+    const auto got =
+        emulate_radix_select(keys, 31, k, {.threshold_key = thr, .threshold_mode = true});
     CHECK(got.indices == want);
     CHECK((got.state.flags & 1u) != 0);
     CHECK(got.state.scan_total > got.cap0);
@@ -323,11 +340,13 @@ TEST_CASE("emulated threshold selection is exact whether the threshold hits or m
   SECTION("ties at a bf16 threshold") {
     const auto b = gaussian<bf16>(100'000, 32);
     const auto bk = keys_of(b);
-    const auto bwant = stellatrain::test::reference_topk_indices<bf16>(std::span<const bf16>(b), 777);
+    const auto bwant =
+        stellatrain::test::reference_topk_indices<bf16>(std::span<const bf16>(b), 777);
     auto sorted = bk;
     std::sort(sorted.begin(), sorted.end(), std::greater<>());
     for (std::uint32_t thr : {sorted[776], sorted[900], sorted[700], sorted[5000]}) {
-      const auto got = emulate_radix_select(bk, 15, 777, {.threshold_key = thr, .threshold_mode = true});
+      const auto got =
+          emulate_radix_select(bk, 15, 777, {.threshold_key = thr, .threshold_mode = true});
       CHECK(got.indices == bwant);
     }
   }
@@ -365,9 +384,11 @@ TEST_CASE("the threshold state moves with the k-th magnitude", "[select][gpu_pla
   CHECK(t.key != 0);
   CHECK(t.key < detail::magnitude_key(bf16{1.0f}));
   // Slack bounds.
-  for (int i = 0; i < 40; ++i) detail::update_threshold_state<float>(t, detail::magnitude_key(2.0f), 3u, 1, 100, o);
+  for (int i = 0; i < 40; ++i)
+    detail::update_threshold_state<float>(t, detail::magnitude_key(2.0f), 3u, 1, 100, o);
   CHECK(t.slack == 0.5f);
-  for (int i = 0; i < 400; ++i) detail::update_threshold_state<float>(t, detail::magnitude_key(2.0f), 2u, 150, 100, o);
+  for (int i = 0; i < 400; ++i)
+    detail::update_threshold_state<float>(t, detail::magnitude_key(2.0f), 2u, 150, 100, o);
   CHECK(t.slack == 0.005f);
 }
 
@@ -402,7 +423,8 @@ TEST_CASE("emulated error feedback equals the scalar definition", "[select][gpu_
     std::vector<float> acc(n);
     for (std::size_t i = 0; i < n; ++i) acc[i] = g[i].to_float() + residual[i];
     const auto sel = emulate_radix_select(keys_of(acc), 31, k);
-    REQUIRE(sel.indices == stellatrain::test::reference_topk_indices<float>(std::span<const float>(acc), k));
+    REQUIRE(sel.indices ==
+            stellatrain::test::reference_topk_indices<float>(std::span<const float>(acc), k));
     std::vector<float> next = acc;
     double sent_energy = 0;
     for (auto i : sel.indices) {
@@ -418,12 +440,12 @@ TEST_CASE("emulated error feedback equals the scalar definition", "[select][gpu_
 }
 
 TEST_CASE("the workspace layout is aligned, disjoint and complete", "[select][gpu_plan]") {
-  for (std::uint64_t n : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{1000}, std::uint64_t{100'000'000},
-                          (std::uint64_t{1} << 32) + 5}) {
+  for (std::uint64_t n : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{1000},
+                          std::uint64_t{100'000'000}, (std::uint64_t{1} << 32) + 5}) {
     const std::uint64_t k = n / 100;
     const auto plan = detail::make_radix_plan(31, n);
-    const auto w = detail::plan_radix_workspace(n, k, plan, 1.0 / 32, 2.0, 1000, std::min<std::uint64_t>(n, 65536), 3000,
-                                                k, 777);
+    const auto w = detail::plan_radix_workspace(n, k, plan, 1.0 / 32, 2.0, 1000,
+                                                std::min<std::uint64_t>(n, 65536), 3000, k, 777);
     const std::vector<std::pair<std::size_t, std::size_t>> parts{
         {w.state, sizeof(detail::radix_state)},
         {w.tickets, 4 * w.steps},
@@ -459,7 +481,8 @@ TEST_CASE("the workspace layout is aligned, disjoint and complete", "[select][gp
   }
 }
 
-TEST_CASE("sample positions stay in their strides; the sampled rank scales with k/n", "[select][gpu_plan]") {
+TEST_CASE("sample positions stay in their strides; the sampled rank scales with k/n",
+          "[select][gpu_plan]") {
   const std::uint64_t n = 1'000'003;
   const std::uint64_t samples = 65536;
   const std::uint64_t stride = n / samples;

@@ -26,7 +26,8 @@ TEST_CASE("selection on a tensor of more than 2^32 elements", "[.large][select][
   planted.push_back(std::uint64_t{1} << 32);
   planted.push_back(n - 1);
   std::sort(planted.begin(), planted.end());
-  for (std::size_t j = 0; j < planted.size(); ++j) x[planted[j]] = bf16(-1.0f - static_cast<float>(j));
+  for (std::size_t j = 0; j < planted.size(); ++j)
+    x[planted[j]] = bf16(-1.0f - static_cast<float>(j));
   const std::uint64_t k = planted.size();
   std::vector<std::uint64_t> idx(k + 10);
   std::vector<bf16> val(k + 10);
@@ -34,7 +35,8 @@ TEST_CASE("selection on a tensor of more than 2^32 elements", "[.large][select][
   exact_topk_selector<> exact;
   auto st = exact.select(pool, std::span<const bf16>(x.span()), k, std::span(idx), std::span(val));
   REQUIRE(st.count == k);
-  REQUIRE(std::vector<std::uint64_t>(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k)) == planted);
+  REQUIRE(std::vector<std::uint64_t>(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k)) ==
+          planted);
   for (std::size_t j = 0; j < k; ++j) REQUIRE(to_float(val[j]) == -1.0f - static_cast<float>(j));
 
   // Ties: k + 10 takes the 10 lowest-index zeros.
@@ -45,14 +47,17 @@ TEST_CASE("selection on a tensor of more than 2^32 elements", "[.large][select][
   threshold_selector<> threshold;
   threshold_state state;
   for (int step = 0; step < 2; ++step) {
-    st = threshold.select(pool, state, std::span<const bf16>(x.span()), k, std::span(idx), std::span(val));
-    REQUIRE(std::vector<std::uint64_t>(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k)) == planted);
+    st = threshold.select(pool, state, std::span<const bf16>(x.span()), k, std::span(idx),
+                          std::span(val));
+    REQUIRE(std::vector<std::uint64_t>(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k)) ==
+            planted);
   }
 
   random_k_selector<> random;
   std::vector<std::uint64_t> ridx(100'000);
   std::vector<bf16> rval(100'000);
-  random.select(pool, {.seed = 3}, std::span<const bf16>(x.span()), ridx.size(), std::span(ridx), std::span(rval));
+  random.select(pool, {.seed = 3}, std::span<const bf16>(x.span()), ridx.size(), std::span(ridx),
+                std::span(rval));
   REQUIRE(ridx.back() > (std::uint64_t{1} << 32));
   REQUIRE(std::is_sorted(ridx.begin(), ridx.end()));
 }

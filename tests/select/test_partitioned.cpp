@@ -11,14 +11,16 @@
 using namespace stellatrain;
 using namespace stellatrain::test;
 
-TEST_CASE("slice_of: at every step the ranks cover disjoint slices that tile the tensor", "[select][partitioned]") {
+TEST_CASE("slice_of: at every step the ranks cover disjoint slices that tile the tensor",
+          "[select][partitioned]") {
   for (std::uint64_t n : {0, 1, 15, 16, 17, 1000, 1'000'003}) {
     for (std::uint32_t parts : {1u, 2u, 3u, 4u, 7u}) {
       for (std::uint64_t k : {std::uint64_t{0}, std::uint64_t{5}, n / 100 + 3}) {
         for (std::uint64_t step = 0; step < 2 * parts; ++step) {
           CAPTURE(n, parts, k, step);
           std::vector<partition_slice> s;
-          for (std::uint32_t r = 0; r < parts; ++r) s.push_back(slice_of({.rank = r, .parts = parts}, n, k, step));
+          for (std::uint32_t r = 0; r < parts; ++r)
+            s.push_back(slice_of({.rank = r, .parts = parts}, n, k, step));
           std::sort(s.begin(), s.end(), [](auto& a, auto& b) { return a.slice < b.slice; });
           std::uint64_t next = 0;
           std::uint64_t total_k = 0;
@@ -38,7 +40,8 @@ TEST_CASE("slice_of: at every step the ranks cover disjoint slices that tile the
   }
   // Each rank visits every slice in P steps.
   std::vector<std::uint32_t> seen;
-  for (std::uint64_t step = 0; step < 5; ++step) seen.push_back(slice_of({.rank = 3, .parts = 5}, 100, 10, step).slice);
+  for (std::uint64_t step = 0; step < 5; ++step)
+    seen.push_back(slice_of({.rank = 3, .parts = 5}, 100, 10, step).slice);
   std::sort(seen.begin(), seen.end());
   REQUIRE(seen == std::vector<std::uint32_t>{0, 1, 2, 3, 4});
   REQUIRE_THROWS_AS(slice_of({.rank = 2, .parts = 2}, 10, 1, 0), error);
@@ -60,7 +63,8 @@ TEMPLATE_LIST_TEST_CASE("partitioned selection: each rank's exact top k/P of its
       const auto s = slice_of(p, n, k, step);
       std::vector<std::uint32_t> idx(s.k);
       std::vector<float> val(s.k);
-      const auto st = sel.select(ex, step, std::span<const float>(x), k, std::span(idx), std::span(val));
+      const auto st =
+          sel.select(ex, step, std::span<const float>(x), k, std::span(idx), std::span(val));
       REQUIRE(st.count == s.k);
       require_valid_selection<float, std::uint32_t>(x, s.k, idx, val, st.count);
       const std::vector<float> slice(x.begin() + static_cast<std::ptrdiff_t>(s.begin),
@@ -78,6 +82,8 @@ TEMPLATE_LIST_TEST_CASE("partitioned selection: each rank's exact top k/P of its
   partitioned_selector<sampled_threshold_selector<TestType>> sampled({.rank = 1, .parts = 2});
   std::vector<std::uint32_t> idx(k);
   std::vector<float> val(k);
-  REQUIRE(sampled.select(ex, 0, std::span<const float>(x), k, std::span(idx), std::span(val)).count == k / 2);
+  REQUIRE(
+      sampled.select(ex, 0, std::span<const float>(x), k, std::span(idx), std::span(val)).count ==
+      k / 2);
   REQUIRE_THROWS_AS(partitioned_selector<>({.rank = 2, .parts = 2}), error);
 }

@@ -13,13 +13,15 @@ using namespace stellatrain::test;
 namespace {
 
 template <class Index = std::uint32_t, class T = float>
-std::vector<std::uint64_t> run_random(random_k_selector<>& sel, random_key key, const std::vector<T>& x, std::uint64_t k,
+std::vector<std::uint64_t> run_random(random_k_selector<>& sel, random_key key,
+                                      const std::vector<T>& x, std::uint64_t k,
                                       std::uint64_t base = 0) {
   inline_executor ex;
   const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
   std::vector<Index> idx(m);
   std::vector<T> val(m);
-  const auto st = sel.select(ex, key, std::span<const T>(x), k, std::span(idx), std::span(val), base);
+  const auto st =
+      sel.select(ex, key, std::span<const T>(x), k, std::span(idx), std::span(val), base);
   require_valid_selection<T, Index>(x, k, idx, val, st.count, base);
   REQUIRE(st.exact == (m == x.size() || m == 0));
   return as_u64<Index>(idx, st.count, base);
@@ -67,7 +69,8 @@ TEST_CASE("random-k is uniform over the elements (chi-square)", "[select][random
   for (std::uint32_t s = 0; s < steps; ++s) {
     for (auto i : run_random(sel, {.seed = 11, .step = s, .tensor = 7}, x, k)) counts[i] += 1;
   }
-  const double expected = static_cast<double>(steps) * static_cast<double>(k) / static_cast<double>(n);
+  const double expected =
+      static_cast<double>(steps) * static_cast<double>(k) / static_cast<double>(n);
   double chi2 = 0;
   for (double c : counts) chi2 += (c - expected) * (c - expected) / expected;
   // 99.9% quantile of chi-square with 63 degrees of freedom is 103.4.
@@ -87,5 +90,7 @@ TEST_CASE("random-k with 64-bit indices past 2^32 and fp16 values", "[select][ra
   inline_executor ex;
   std::vector<std::uint32_t> idx32(500);
   std::vector<fp16> val(500);
-  REQUIRE_THROWS_AS(sel.select(ex, key, std::span<const fp16>(x), 500, std::span(idx32), std::span(val), base), error);
+  REQUIRE_THROWS_AS(
+      sel.select(ex, key, std::span<const fp16>(x), 500, std::span(idx32), std::span(val), base),
+      error);
 }

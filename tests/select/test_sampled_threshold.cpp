@@ -14,7 +14,8 @@ namespace {
 
 template <class Arch, class T, class Ex>
 std::vector<std::uint64_t> run_sampled(Ex& ex, const std::vector<T>& x, std::uint64_t k,
-                                       sampled_threshold_options options = {}, selection_stats* stats = nullptr) {
+                                       sampled_threshold_options options = {},
+                                       selection_stats* stats = nullptr) {
   sampled_threshold_selector<Arch> sel(options);
   const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
   std::vector<std::uint32_t> idx(m);
@@ -27,7 +28,8 @@ std::vector<std::uint64_t> run_sampled(Ex& ex, const std::vector<T>& x, std::uin
 
 }  // namespace
 
-TEMPLATE_LIST_TEST_CASE("sampled threshold: exactly k, exact whenever it says so", "[select][sampled]", test_archs) {
+TEMPLATE_LIST_TEST_CASE("sampled threshold: exactly k, exact whenever it says so",
+                        "[select][sampled]", test_archs) {
   inline_executor ex;
   for (std::uint64_t n : {0, 1, 5, 8, 9, 17, 1000, 300'007}) {
     const auto g = gaussian(n, n + 9);
@@ -43,7 +45,8 @@ TEMPLATE_LIST_TEST_CASE("sampled threshold: exactly k, exact whenever it says so
   }
 }
 
-TEST_CASE("sampled threshold keeps >= 0.99 of the top-k energy on Gaussian gradients", "[select][sampled]") {
+TEST_CASE("sampled threshold keeps >= 0.99 of the top-k energy on Gaussian gradients",
+          "[select][sampled]") {
   thread_pool pool(2);
   const std::uint64_t n = 1 << 20;
   for (std::uint64_t seed = 0; seed < 6; ++seed) {
@@ -57,8 +60,9 @@ TEST_CASE("sampled threshold keeps >= 0.99 of the top-k energy on Gaussian gradi
   }
 }
 
-TEMPLATE_LIST_TEST_CASE("sampled threshold corrects to exactly k in one pass when the estimate is too high",
-                        "[select][sampled]", test_archs) {
+TEMPLATE_LIST_TEST_CASE(
+    "sampled threshold corrects to exactly k in one pass when the estimate is too high",
+    "[select][sampled]", test_archs) {
   inline_executor ex;
   const std::uint64_t n = 1 << 20;
   const auto x = gaussian(n, 17);
@@ -96,7 +100,9 @@ TEST_CASE("sampled threshold on bf16 and with a 64-bit offset", "[select][sample
   std::vector<std::uint64_t> idx(1000);
   std::vector<float> val(1000);
   const std::uint64_t base = std::uint64_t{5} << 32;
-  const auto st = sel.select(ex, std::span<const float>(x), 1000, std::span(idx), std::span(val), base);
+  const auto st =
+      sel.select(ex, std::span<const float>(x), 1000, std::span(idx), std::span(val), base);
   require_valid_selection<float, std::uint64_t>(x, 1000, idx, val, st.count, base);
-  if (st.exact) REQUIRE(as_u64<std::uint64_t>(idx, st.count, base) == reference_topk_indices<float>(x, 1000));
+  if (st.exact)
+    REQUIRE(as_u64<std::uint64_t>(idx, st.count, base) == reference_topk_indices<float>(x, 1000));
 }

@@ -36,7 +36,9 @@ std::string message_of(std::span<const std::byte> bytes) {
   return "no error";
 }
 
-void patch(std::span<std::byte> bytes, const selection_header& h) { std::memcpy(bytes.data(), &h, sizeof h); }
+void patch(std::span<std::byte> bytes, const selection_header& h) {
+  std::memcpy(bytes.data(), &h, sizeof h);
+}
 
 }  // namespace
 
@@ -145,12 +147,14 @@ TEST_CASE("malformed selections are rejected with what and where", "[select][lay
              static_cast<std::uint32_t>(selection_status::wrong_total);
   expect(h, "inconsistent counts wrong total", errc::malformed_message);
 
-  CHECK(message_of(buf.span().first(63)).find("shorter than the 64-byte header") != std::string::npos);
+  CHECK(message_of(buf.span().first(63)).find("shorter than the 64-byte header") !=
+        std::string::npos);
   // A sound buffer at an address that is not 64-byte aligned.
   std::vector<std::byte> big(buf.span().size() + 2 * selection_alignment);
   const auto addr = reinterpret_cast<std::uintptr_t>(big.data());
-  const std::size_t off = (selection_alignment - addr % selection_alignment) % selection_alignment + 8;
+  const std::size_t off =
+      (selection_alignment - addr % selection_alignment) % selection_alignment + 8;
   std::memcpy(big.data() + off, buf.span().data(), buf.span().size());
-  CHECK(message_of(std::span<const std::byte>(big.data() + off, buf.span().size())).find("not aligned") !=
-        std::string::npos);
+  CHECK(message_of(std::span<const std::byte>(big.data() + off, buf.span().size()))
+            .find("not aligned") != std::string::npos);
 }

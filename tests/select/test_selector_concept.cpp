@@ -35,11 +35,11 @@ struct first_k_selector {
   template <executor Ex>
   void reserve(Ex&, workspace&, std::uint64_t, std::uint64_t) const {}
   template <executor Ex, class Source, class Emit>
-  selection_stats select_from(Ex&, tensor_state&, workspace&, const Source& src, std::uint64_t n, std::uint64_t k,
-                              const selection_context&, Emit&& emit) const {
+  selection_stats select_from(Ex&, tensor_state&, workspace&, const Source& src, std::uint64_t n,
+                              std::uint64_t k, const selection_context&, Emit&& emit) const {
     const std::uint64_t m = std::min(k, n);
     for (std::uint64_t i = 0; i < n; ++i) (void)src.load_scalar(i);  // every element once
-    const auto values = src.reread();                                 // what that pass produced
+    const auto values = src.reread();                                // what that pass produced
     for (std::uint64_t i = 0; i < m; ++i) emit(i, i, values.load_scalar(i));
     return {.count = m, .exact = m == n, .passes = 1};
   }
@@ -58,7 +58,8 @@ struct counting_source {
   template <class Arch>
   selection_lanes<Arch> load(std::uint64_t i) const {
     for (std::size_t l = 0; l < selection_lanes<Arch>::size; ++l) ++reads[i + l];
-    return xsimd::bitwise_cast<selection_lanes<Arch>>(xsimd::batch<float, Arch>::load_unaligned(x + i));
+    return xsimd::bitwise_cast<selection_lanes<Arch>>(
+        xsimd::batch<float, Arch>::load_unaligned(x + i));
   }
   std::uint32_t peek(std::uint64_t i) const { return std::bit_cast<std::uint32_t>(x[i]); }
   void prefetch(std::uint64_t) const {}
@@ -81,8 +82,9 @@ struct state_without_save : first_k_selector {
     std::uint32_t bound = 0;
   };
   template <executor Ex, class Source, class Emit>
-  selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src, std::uint64_t n,
-                              std::uint64_t k, const selection_context& ctx, Emit&& emit) const {
+  selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src,
+                              std::uint64_t n, std::uint64_t k, const selection_context& ctx,
+                              Emit&& emit) const {
     first_k_selector::tensor_state none;
     return first_k_selector::select_from(ex, none, ws, src, n, k, ctx, emit);
   }
@@ -106,8 +108,8 @@ struct no_reread {
 // Runs one call of `sel` on a counting source over `x` and returns how often each element was
 // loaded; checks the emitted count and order.
 template <class S>
-std::vector<std::uint32_t> reads_of_one_call(const S& sel, const std::vector<float>& x, std::uint64_t k,
-                                             std::uint64_t step = 0) {
+std::vector<std::uint32_t> reads_of_one_call(const S& sel, const std::vector<float>& x,
+                                             std::uint64_t k, std::uint64_t step = 0) {
   std::vector<std::uint32_t> reads(x.size(), 0);
   typename S::tensor_state state{};
   typename S::workspace ws;
@@ -118,8 +120,8 @@ std::vector<std::uint32_t> reads_of_one_call(const S& sel, const std::vector<flo
     out_of_order += pos != emitted.size() ? 1 : 0;
     emitted.push_back(i);
   };
-  const selection_stats st =
-      sel.select_from(ex, state, ws, counting_source{x.data(), reads.data()}, x.size(), k, {.step = step}, emit);
+  const selection_stats st = sel.select_from(ex, state, ws, counting_source{x.data(), reads.data()},
+                                             x.size(), k, {.step = step}, emit);
   REQUIRE(out_of_order == 0);
   REQUIRE(st.count == emitted.size());
   REQUIRE(std::is_sorted(emitted.begin(), emitted.end()));
@@ -129,7 +131,8 @@ std::vector<std::uint32_t> reads_of_one_call(const S& sel, const std::vector<flo
 
 }  // namespace
 
-TEST_CASE("the shipped selectors and sources model the concepts; archetypes do not", "[select][concept]") {
+TEST_CASE("the shipped selectors and sources model the concepts; archetypes do not",
+          "[select][concept]") {
   STATIC_REQUIRE(selector<exact_topk_selector<>>);
   STATIC_REQUIRE(selector<exact_topk_selector<scalar_arch>>);
   STATIC_REQUIRE(selector<threshold_selector<>>);
@@ -156,17 +159,20 @@ TEST_CASE("the shipped selectors and sources model the concepts; archetypes do n
   STATIC_REQUIRE_FALSE(selection_source<float>);
 }
 
-TEMPLATE_LIST_TEST_CASE("every selector's first pass loads each element exactly once", "[select][concept]",
-                        test_archs) {
+TEMPLATE_LIST_TEST_CASE("every selector's first pass loads each element exactly once",
+                        "[select][concept]", test_archs) {
   using A = TestType;
   const std::uint64_t n = 40'037;  // not a multiple of any SIMD width or block
   const auto x = row_correlated(n, 5);
   auto require_once = [](const std::vector<std::uint32_t>& reads) {
-    const auto wrong = std::find_if(reads.begin(), reads.end(), [](std::uint32_t r) { return r != 1; });
-    INFO("element " << (wrong - reads.begin()) << " loaded " << (wrong == reads.end() ? 1 : *wrong) << " times");
+    const auto wrong =
+        std::find_if(reads.begin(), reads.end(), [](std::uint32_t r) { return r != 1; });
+    INFO("element " << (wrong - reads.begin()) << " loaded " << (wrong == reads.end() ? 1 : *wrong)
+                    << " times");
     REQUIRE(wrong == reads.end());
   };
-  for (const std::uint64_t k : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{400}, n - 1, n, n + 5}) {
+  for (const std::uint64_t k :
+       {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{400}, n - 1, n, n + 5}) {
     CAPTURE(k);
     require_once(reads_of_one_call(exact_topk_selector<A>(), x, k));
     require_once(reads_of_one_call(threshold_selector<A>(), x, k));
@@ -175,13 +181,16 @@ TEMPLATE_LIST_TEST_CASE("every selector's first pass loads each element exactly 
     require_once(reads_of_one_call(random_k_selector<A>(3), x, k));
     require_once(reads_of_one_call(first_k_selector(), x, k));
     for (std::uint64_t step = 0; step < 3; ++step) {
-      require_once(reads_of_one_call(partitioned_selector<threshold_selector<A>>({.rank = 1, .parts = 3}), x, k, step));
-      require_once(reads_of_one_call(runtime_selector<A>({.method = selection_method::block_topk}), x, k, step));
+      require_once(reads_of_one_call(
+          partitioned_selector<threshold_selector<A>>({.rank = 1, .parts = 3}), x, k, step));
+      require_once(reads_of_one_call(runtime_selector<A>({.method = selection_method::block_topk}),
+                                     x, k, step));
     }
   }
 }
 
-TEST_CASE("the documented minimal selector runs in an error-feedback compressor", "[select][concept]") {
+TEST_CASE("the documented minimal selector runs in an error-feedback compressor",
+          "[select][concept]") {
   const std::uint64_t n = 1000;
   inline_executor ex;
   error_feedback_compressor<first_k_selector, bf16> ef;
@@ -222,7 +231,8 @@ TEST_CASE("a run-time choice selects the bits of the selector it chose", "[selec
     std::vector<std::uint64_t> got;
     for (std::uint64_t step = 0; step < 3; ++step) {
       got.clear();
-      sel.select_from(ex, state, ws, plain_source<float>{x.data()}, n, k, {.tensor = 4, .step = step},
+      sel.select_from(ex, state, ws, plain_source<float>{x.data()}, n, k,
+                      {.tensor = 4, .step = step},
                       [&](std::uint64_t, std::uint64_t i, std::uint32_t) { got.push_back(i); });
     }
     return got;
@@ -234,7 +244,10 @@ TEST_CASE("a run-time choice selects the bits of the selector it chose", "[selec
         run(partitioned_selector<threshold_selector<>>()));
   CHECK(run(runtime_selector<>({.method = selection_method::sampled_threshold})) ==
         run(sampled_threshold_selector<>()));
-  CHECK(run(runtime_selector<>({.method = selection_method::block_topk})) == run(block_topk_selector<>()));
-  CHECK(run(runtime_selector<>({.method = selection_method::random_k, .seed = 9})) == run(random_k_selector<>(9)));
-  CHECK(run(runtime_selector<>({.method = selection_method::random_k, .seed = 9})) != run(random_k_selector<>(10)));
+  CHECK(run(runtime_selector<>({.method = selection_method::block_topk})) ==
+        run(block_topk_selector<>()));
+  CHECK(run(runtime_selector<>({.method = selection_method::random_k, .seed = 9})) ==
+        run(random_k_selector<>(9)));
+  CHECK(run(runtime_selector<>({.method = selection_method::random_k, .seed = 9})) !=
+        run(random_k_selector<>(10)));
 }

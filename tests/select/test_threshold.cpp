@@ -35,8 +35,9 @@ class drifting_gradient {
 };
 
 template <class Arch, class T, class Ex>
-std::vector<std::uint64_t> run_threshold(threshold_selector<Arch>& sel, Ex& ex, threshold_state& state,
-                                         const std::vector<T>& x, std::uint64_t k, selection_stats* stats = nullptr) {
+std::vector<std::uint64_t> run_threshold(threshold_selector<Arch>& sel, Ex& ex,
+                                         threshold_state& state, const std::vector<T>& x,
+                                         std::uint64_t k, selection_stats* stats = nullptr) {
   const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
   std::vector<std::uint32_t> idx(m);
   std::vector<T> val(m);
@@ -48,12 +49,13 @@ std::vector<std::uint64_t> run_threshold(threshold_selector<Arch>& sel, Ex& ex, 
 
 }  // namespace
 
-TEMPLATE_LIST_TEST_CASE("threshold selection is exact at edge sizes and on the first call", "[select][threshold]",
-                        test_archs) {
+TEMPLATE_LIST_TEST_CASE("threshold selection is exact at edge sizes and on the first call",
+                        "[select][threshold]", test_archs) {
   inline_executor ex;
   for (std::uint64_t n : {0, 1, 3, 4, 5, 7, 8, 9, 16, 17, 1000, 70'001}) {
     const auto x = gaussian(n, n + 3);
-    for (std::uint64_t k : {std::uint64_t{0}, std::uint64_t{1}, n / 3, n > 0 ? n - 1 : 0, n, n + 2}) {
+    for (std::uint64_t k :
+         {std::uint64_t{0}, std::uint64_t{1}, n / 3, n > 0 ? n - 1 : 0, n, n + 2}) {
       CAPTURE(n, k);
       threshold_selector<TestType> sel;
       threshold_state state;
@@ -66,8 +68,8 @@ TEMPLATE_LIST_TEST_CASE("threshold selection is exact at edge sizes and on the f
   }
 }
 
-TEMPLATE_LIST_TEST_CASE("threshold selection stays exact on a slowly drifting gradient", "[select][threshold]",
-                        test_archs) {
+TEMPLATE_LIST_TEST_CASE("threshold selection stays exact on a slowly drifting gradient",
+                        "[select][threshold]", test_archs) {
   const std::uint64_t n = 300'007;
   const std::uint64_t k = 3000;
   drifting_gradient grad(n, 21);
@@ -100,14 +102,15 @@ TEST_CASE("threshold selection keeps >= 0.99 of the top-k energy on i.i.d. Gauss
     const auto x = gaussian(n, 100 + step);
     const auto got = run_threshold(sel, pool, state, x, k);
     const auto best = reference_topk_indices<float>(x, k);
-    const double e = energy_fraction<float, std::uint64_t>(x, got) / energy_fraction<float, std::uint64_t>(x, best);
+    const double e = energy_fraction<float, std::uint64_t>(x, got) /
+                     energy_fraction<float, std::uint64_t>(x, best);
     CAPTURE(step, e);
     REQUIRE(e >= 0.99);
   }
 }
 
-TEMPLATE_LIST_TEST_CASE("threshold selection returns exactly k through sudden changes", "[select][threshold]",
-                        test_archs) {
+TEMPLATE_LIST_TEST_CASE("threshold selection returns exactly k through sudden changes",
+                        "[select][threshold]", test_archs) {
   const std::uint64_t n = 200'003;
   const std::uint64_t k = 2000;
   threshold_selector<TestType> sel;
@@ -143,9 +146,11 @@ TEMPLATE_LIST_TEST_CASE("threshold selection returns exactly k through sudden ch
   }
   SECTION("k grows beyond the band: bootstrap again") {
     selection_stats st;
-    REQUIRE(run_threshold(sel, ex, state, x, 3 * k, &st) == reference_topk_indices<float>(x, 3 * k));
+    REQUIRE(run_threshold(sel, ex, state, x, 3 * k, &st) ==
+            reference_topk_indices<float>(x, 3 * k));
     REQUIRE(state.bootstraps == 2);
-    REQUIRE(run_threshold(sel, ex, state, x, k / 2, &st) == reference_topk_indices<float>(x, k / 2));
+    REQUIRE(run_threshold(sel, ex, state, x, k / 2, &st) ==
+            reference_topk_indices<float>(x, k / 2));
     REQUIRE(state.bootstraps == 2);
   }
   SECTION("another tensor size bootstraps again") {
@@ -209,10 +214,12 @@ TEST_CASE("threshold selection: scalar and SIMD paths and thread counts agree; s
   drifting_gradient g2(n, 77);
   for (int step = 0; step <= 5; ++step) g2.next();
   threshold_selector<> fresh;
-  for (const auto& expected : after) REQUIRE(run_threshold(fresh, pool, saved, g2.next(), k) == expected);
+  for (const auto& expected : after)
+    REQUIRE(run_threshold(fresh, pool, saved, g2.next(), k) == expected);
 }
 
-TEST_CASE("threshold selection: ties at the k-th key spread over every thread's share", "[select][threshold]") {
+TEST_CASE("threshold selection: ties at the k-th key spread over every thread's share",
+          "[select][threshold]") {
   // Values on a grid of 1/8 that shift slightly from call to call: thousands of elements
   // share the k-th key, in every group of segments that a thread emits.
   const std::uint64_t n = 4'000'037;

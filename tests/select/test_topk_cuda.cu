@@ -28,7 +28,8 @@ using stellatrain::test::raw_bits;
 /// Runs select_topk on `x` and compares everything with the oracle: indices, values (bit for
 /// bit), header. Returns the header.
 template <class T, class Index = std::uint32_t, class Out = T>
-selection_header check_select(const std::vector<T>& x, std::uint64_t k, const topk_cuda_options& options = {}) {
+selection_header check_select(const std::vector<T>& x, std::uint64_t k,
+                              const topk_cuda_options& options = {}) {
   test::stream s;
   const std::uint64_t n = x.size();
   device_buffer<T> dx(x);
@@ -71,8 +72,9 @@ TEST_CASE("select_topk equals the oracle for fp32", "[select][cuda]") {
   SECTION("random, sizes around warp and block boundaries, all densities") {
     for (std::size_t n : {1, 2, 31, 32, 33, 255, 256, 257, 4095, 4097, 65537}) {
       const auto x = random_normal<float>(n, n);
-      for (std::uint64_t k : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{n / 100}, std::uint64_t{n / 10},
-                              std::uint64_t{n / 2}, std::uint64_t{n - 1}, std::uint64_t{n}, std::uint64_t{n + 5}}) {
+      for (std::uint64_t k :
+           {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{n / 100}, std::uint64_t{n / 10},
+            std::uint64_t{n / 2}, std::uint64_t{n - 1}, std::uint64_t{n}, std::uint64_t{n + 5}}) {
         check_select(x, k);
       }
     }
@@ -97,16 +99,15 @@ TEST_CASE("select_topk equals the oracle for fp32", "[select][cuda]") {
       check_select(few, k);
     }
   }
-  SECTION("n = 0") {
-    check_select(std::vector<float>{}, 10);
-  }
+  SECTION("n = 0") { check_select(std::vector<float>{}, 10); }
 }
 
 TEST_CASE("select_topk equals the oracle for fp16 and bf16", "[select][cuda]") {
   for (std::size_t n : {1, 33, 1000, 100'003}) {
     const auto h = with_specials(random_normal<fp16>(n, 7 + n));
     const auto b = with_specials(random_normal<bf16>(n, 8 + n));
-    for (std::uint64_t k : {std::uint64_t{1}, std::uint64_t{n / 100 + 1}, std::uint64_t{n / 3}, std::uint64_t{n}}) {
+    for (std::uint64_t k :
+         {std::uint64_t{1}, std::uint64_t{n / 100 + 1}, std::uint64_t{n / 3}, std::uint64_t{n}}) {
       check_select(h, k);
       check_select(b, k);
     }
@@ -124,7 +125,8 @@ TEST_CASE("select_topk converts values and writes 64-bit indices", "[select][cud
   check_select<fp16, std::uint64_t, float>(h, 999);
 }
 
-TEST_CASE("select_topk with the smallest candidate buffers still selects exactly", "[select][cuda]") {
+TEST_CASE("select_topk with the smallest candidate buffers still selects exactly",
+          "[select][cuda]") {
   // Buffers of 65536 entries cannot hold a tie of 10^6 elements: passes read the tensor.
   std::vector<float> x(1'000'000, 1.0f);
   for (std::size_t i = 0; i < x.size(); i += 1000) x[i] = 2.0f;
@@ -199,14 +201,16 @@ TEST_CASE("threshold selection is exact at every step and stops missing", "[sele
   const auto st = state.download()[0];
   CHECK(st.calls == 8);
   CHECK(flags[0] == 0);  // no threshold yet: exact
-  for (std::size_t i = 1; i < flags.size(); ++i) CHECK((flags[i] & selection_flag_threshold_used) != 0);
+  for (std::size_t i = 1; i < flags.size(); ++i)
+    CHECK((flags[i] & selection_flag_threshold_used) != 0);
   CHECK(st.misses <= 1);
   CHECK((flags.back() & selection_flag_threshold_fallback) == 0);
   CHECK(st.candidates >= k);
   CHECK(st.candidates <= 2 * k);
 }
 
-TEST_CASE("a sampled threshold starts threshold selection without an exact step", "[select][cuda]") {
+TEST_CASE("a sampled threshold starts threshold selection without an exact step",
+          "[select][cuda]") {
   for (std::size_t n : {std::size_t{50'000}, std::size_t{5'000'000}}) {
     const auto x = random_normal<bf16>(n, 14 + n);
     const std::uint64_t k = n / 100;
@@ -228,7 +232,8 @@ TEST_CASE("a sampled threshold starts threshold selection without an exact step"
   }
 }
 
-TEST_CASE("scatter_selection writes updated values back at the selected indices", "[select][cuda]") {
+TEST_CASE("scatter_selection writes updated values back at the selected indices",
+          "[select][cuda]") {
   const std::size_t n = 200'001;
   const std::uint64_t k = 2'000;
   const auto x = random_normal<float>(n, 15);
@@ -252,13 +257,15 @@ TEST_CASE("scatter_selection writes updated values back at the selected indices"
     val[j] = bf16{sel.values[j] * 0.5f};
   }
   device_buffer<std::byte> back(back_bytes);
-  STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(back.get(), host.span().data(), back_bytes, cudaMemcpyHostToDevice, s.get()));
+  STELLATRAIN_CUDA_CHECK(
+      cudaMemcpyAsync(back.get(), host.span().data(), back_bytes, cudaMemcpyHostToDevice, s.get()));
   device_buffer<bf16> param(n);
   std::vector<bf16> param0(n, bf16{3.0f});
   param.upload(param0);
   device_buffer<std::uint64_t> rejected(1);
   STELLATRAIN_CUDA_CHECK(cudaMemsetAsync(rejected.get(), 0, sizeof(std::uint64_t), s.get()));
-  scatter_selection(ctx, read_selection_header(host.span()), back.get(), param.get(), n, {}, rejected.get());
+  scatter_selection(ctx, read_selection_header(host.span()), back.get(), param.get(), n, {},
+                    rejected.get());
   s.sync();
   auto p = param.download();
   for (std::size_t j = 0; j < k; ++j) {
@@ -270,16 +277,20 @@ TEST_CASE("scatter_selection writes updated values back at the selected indices"
 
   // Accumulate, and an index out of range is skipped and counted.
   idx[0] = static_cast<std::uint32_t>(n);
-  STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(back.get(), host.span().data(), back_bytes, cudaMemcpyHostToDevice, s.get()));
+  STELLATRAIN_CUDA_CHECK(
+      cudaMemcpyAsync(back.get(), host.span().data(), back_bytes, cudaMemcpyHostToDevice, s.get()));
   param.upload(param0);
-  scatter_selection(ctx, read_selection_header(host.span()), back.get(), param.get(), n, {.accumulate = true},
-                    rejected.get());
+  scatter_selection(ctx, read_selection_header(host.span()), back.get(), param.get(), n,
+                    {.accumulate = true}, rejected.get());
   s.sync();
   p = param.download();
   CHECK(rejected.download()[0] == 1);
-  for (std::size_t j = 1; j < k; ++j) CHECK(p[idx[j]].bits() == bf16{3.0f + val[j].to_float()}.bits());
+  for (std::size_t j = 1; j < k; ++j)
+    CHECK(p[idx[j]].bits() == bf16{3.0f + val[j].to_float()}.bits());
 
-  CHECK_THROWS_AS(scatter_selection(ctx, read_selection_header(host.span()), back.get(), param.get(), n + 1), error);
+  CHECK_THROWS_AS(
+      scatter_selection(ctx, read_selection_header(host.span()), back.get(), param.get(), n + 1),
+      error);
 }
 
 TEST_CASE("GPU selection rejects bad arguments with stellatrain::error", "[select][cuda]") {
@@ -297,28 +308,35 @@ TEST_CASE("GPU selection rejects bad arguments with stellatrain::error", "[selec
     }
     return std::error_code{};
   };
-  CHECK(code_of([&] { select_topk(ctx, dx.get(), n, 10, out.bytes().first(64), ws.bytes()); }) == errc::invalid_argument);
-  CHECK(code_of([&] { select_topk(ctx, dx.get(), n, 10, out.bytes(), ws.bytes().first(100)); }) == errc::invalid_argument);
-  CHECK(code_of([&] { select_topk(ctx, dx.get(), n, 10, out.bytes().subspan(8), ws.bytes()); }) == errc::invalid_argument);
-  CHECK(code_of([&] { select_topk(ctx, static_cast<const float*>(nullptr), n, 10, out.bytes(), ws.bytes()); }) ==
+  CHECK(code_of([&] { select_topk(ctx, dx.get(), n, 10, out.bytes().first(64), ws.bytes()); }) ==
         errc::invalid_argument);
+  CHECK(code_of([&] { select_topk(ctx, dx.get(), n, 10, out.bytes(), ws.bytes().first(100)); }) ==
+        errc::invalid_argument);
+  CHECK(code_of([&] { select_topk(ctx, dx.get(), n, 10, out.bytes().subspan(8), ws.bytes()); }) ==
+        errc::invalid_argument);
+  CHECK(code_of([&] {
+          select_topk(ctx, static_cast<const float*>(nullptr), n, 10, out.bytes(), ws.bytes());
+        }) == errc::invalid_argument);
   CHECK(code_of([&] {
           select_topk(ctx, dx.get(), (std::uint64_t{1} << 32) + 1, 10, out.bytes(), ws.bytes());
         }) == errc::invalid_argument);  // u32 indices cannot address it
-  CHECK(code_of([&] { select_topk_threshold(ctx, dx.get(), n, 10, nullptr, out.bytes(), ws.bytes()); }) ==
-        errc::invalid_argument);
+  CHECK(code_of([&] {
+          select_topk_threshold(ctx, dx.get(), n, 10, nullptr, out.bytes(), ws.bytes());
+        }) == errc::invalid_argument);
   CHECK(code_of([&] {
           select_topk(ctx, dx.get(), n, 10, out.bytes(), ws.bytes(), {.candidate_fraction = 0.0});
         }) == errc::invalid_argument);
   if constexpr (!detail::cub_device_topk_available) {
     CHECK(code_of([&] {
-            select_topk(ctx, dx.get(), n, 10, out.bytes(), ws.bytes(), {.backend = topk_backend::cub_device_topk});
+            select_topk(ctx, dx.get(), n, 10, out.bytes(), ws.bytes(),
+                        {.backend = topk_backend::cub_device_topk});
           }) == errc::unsupported);
   }
   // A selection that broke nothing reads back; a header with a status does not.
   select_topk(ctx, dx.get(), n, 10, out.bytes(), ws.bytes());
   test::pinned_bytes host(out.size());
-  STELLATRAIN_CUDA_CHECK(cudaMemcpy(host.span().data(), out.get(), out.size(), cudaMemcpyDeviceToHost));
+  STELLATRAIN_CUDA_CHECK(
+      cudaMemcpy(host.span().data(), out.get(), out.size(), cudaMemcpyDeviceToHost));
   CHECK_NOTHROW(read_selection<float, std::uint32_t>(host.span()));
   CHECK_THROWS_AS((read_selection<bf16, std::uint32_t>(host.span())), error);
   selection_header h = read_selection_header(host.span());
@@ -336,19 +354,24 @@ TEST_CASE("select_topk past 2^32 elements (64-bit offsets and indices)", "[selec
   const std::size_t ws_bytes = topk_workspace_bytes<bf16>(n, k);
   const std::size_t need = n * sizeof(bf16) + ws_bytes + (std::size_t{1} << 28);
   if (free_bytes < need) {
-    WARN("skipped: needs " << need / (1 << 20) << " MiB of device memory, " << free_bytes / (1 << 20) << " free");
+    WARN("skipped: needs " << need / (1 << 20) << " MiB of device memory, "
+                           << free_bytes / (1 << 20) << " free");
     return;
   }
   test::stream s;
   device_buffer<bf16> dx(n);
   STELLATRAIN_CUDA_CHECK(cudaMemsetAsync(dx.get(), 0, n * sizeof(bf16), s.get()));
   // Distinct magnitudes planted on both sides of 2^32; the other k - 6 picks are the first zeros.
-  const std::vector<std::pair<std::uint64_t, float>> planted{
-      {5, 1.0f}, {(std::uint64_t{1} << 32) - 1, -2.0f}, {std::uint64_t{1} << 32, 3.0f},
-      {(std::uint64_t{1} << 32) + 77, -4.0f}, {n - 1, 5.0f}, {std::uint64_t{3} << 30, 6.0f}};
+  const std::vector<std::pair<std::uint64_t, float>> planted{{5, 1.0f},
+                                                             {(std::uint64_t{1} << 32) - 1, -2.0f},
+                                                             {std::uint64_t{1} << 32, 3.0f},
+                                                             {(std::uint64_t{1} << 32) + 77, -4.0f},
+                                                             {n - 1, 5.0f},
+                                                             {std::uint64_t{3} << 30, 6.0f}};
   for (const auto& [i, v] : planted) {
     const bf16 b{v};
-    STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(dx.get() + i, &b, sizeof b, cudaMemcpyHostToDevice, s.get()));
+    STELLATRAIN_CUDA_CHECK(
+        cudaMemcpyAsync(dx.get() + i, &b, sizeof b, cudaMemcpyHostToDevice, s.get()));
   }
   const std::size_t out_bytes = topk_output_bytes<bf16, std::uint64_t>(n, k);
   device_buffer<std::byte> out(out_bytes);

@@ -20,7 +20,9 @@
 namespace stellatrain::test {
 
 /// The ranking key of a value: its magnitude's bit pattern (sign bit cleared).
-inline std::uint32_t magnitude_key(float x) { return std::bit_cast<std::uint32_t>(x) & 0x7fffffffu; }
+inline std::uint32_t magnitude_key(float x) {
+  return std::bit_cast<std::uint32_t>(x) & 0x7fffffffu;
+}
 inline std::uint32_t magnitude_key(fp16 x) { return x.bits() & 0x7fffu; }
 inline std::uint32_t magnitude_key(bf16 x) { return x.bits() & 0x7fffu; }
 

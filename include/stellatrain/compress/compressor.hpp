@@ -44,11 +44,12 @@ namespace stellatrain {
 ///     using index_type = std::uint32_t;
 ///     template <stellatrain::executor E> void add_tensor(E&, std::uint32_t, std::uint64_t) {}
 ///     template <stellatrain::executor E>
-///     stellatrain::selection_stats compress(E&, std::uint32_t, std::span<const float> g, std::uint64_t,
+///     stellatrain::selection_stats compress(E&, std::uint32_t, std::span<const float> g,
+///     std::uint64_t,
 ///                                           stellatrain::sparse_buffer<float>& out) {
 ///       out.reserve(g.size()); out.resize(g.size()); out.set_dense_size(g.size());
-///       for (std::size_t i = 0; i < g.size(); ++i) { out.indices()[i] = i; out.values()[i] = g[i]; }
-///       return {.count = g.size()};
+///       for (std::size_t i = 0; i < g.size(); ++i) { out.indices()[i] = i; out.values()[i] = g[i];
+///       } return {.count = g.size()};
 ///     }
 ///     std::span<const float> residual(std::uint32_t) const { return {}; }
 ///     std::vector<std::byte> save_state() const { return {}; }
@@ -58,15 +59,15 @@ namespace stellatrain {
 /// \endcode
 template <class C>
 concept compressor = value_type<typename C::value_type> && index_type<typename C::index_type> &&
-                     requires(C& c, const C& cc, inline_executor& ex, std::uint32_t id, std::uint64_t n,
-                              std::uint64_t k, std::span<const float> g,
-                              sparse_buffer<typename C::value_type, typename C::index_type>& out,
-                              std::span<const std::byte> saved) {
-                       c.add_tensor(ex, id, n);
-                       { c.compress(ex, id, g, k, out) } -> std::convertible_to<selection_stats>;
-                       { cc.residual(id) } -> std::convertible_to<std::span<const float>>;
-                       { cc.save_state() } -> std::same_as<std::vector<std::byte>>;
-                       c.load_state(ex, saved);
-                     };
+    requires(C& c, const C& cc, inline_executor& ex, std::uint32_t id, std::uint64_t n,
+             std::uint64_t k, std::span<const float> g,
+             sparse_buffer<typename C::value_type, typename C::index_type>& out,
+             std::span<const std::byte> saved) {
+  c.add_tensor(ex, id, n);
+  { c.compress(ex, id, g, k, out) } -> std::convertible_to<selection_stats>;
+  { cc.residual(id) } -> std::convertible_to<std::span<const float>>;
+  { cc.save_state() } -> std::same_as<std::vector<std::byte>>;
+  c.load_state(ex, saved);
+};
 
 }  // namespace stellatrain

@@ -5,8 +5,8 @@
 // state save and restore.
 #pragma once
 
-#include <stellatrain/config.hpp>
 #include <stellatrain/compress/compressor.hpp>
+#include <stellatrain/config.hpp>
 #include <stellatrain/core/aligned_buffer.hpp>
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/error.hpp>
@@ -97,15 +97,16 @@ inline constexpr state_kind ef_state_kind = state_kind::of("STELLEFC", 2);
 ///
 /// \code
 ///   stellatrain::thread_pool pool{2};
-///   stellatrain::error_feedback_compressor<stellatrain::threshold_selector<>, stellatrain::bf16> ef;
-///   ef.add_tensor(pool, /*id=*/0, grad.size(), /*max_k=*/grad.size() / 100);
+///   stellatrain::error_feedback_compressor<stellatrain::threshold_selector<>, stellatrain::bf16>
+///   ef; ef.add_tensor(pool, /*id=*/0, grad.size(), /*max_k=*/grad.size() / 100);
 ///   stellatrain::sparse_buffer<stellatrain::bf16> out(grad.size(), grad.size() / 100);
 ///   for (int step = 0; step < steps; ++step) {
 ///     auto stats = ef.compress(pool, 0, std::span<const float>(grad), grad.size() / 100, out);
 ///     // send out.indices(), out.values()
 ///   }
 /// \endcode
-template <selector Selector = threshold_selector<>, value_type Value = float, index_type Index = std::uint32_t>
+template <selector Selector = threshold_selector<>, value_type Value = float,
+          index_type Index = std::uint32_t>
 class error_feedback_compressor {
  public:
   using selector_type = Selector;
@@ -119,7 +120,8 @@ class error_feedback_compressor {
       : selector_(std::move(selector)), options_(options) {
     if (!(options_.momentum >= 0.0f && options_.momentum < 1.0f)) {
       throw_error(errc::invalid_argument, "error_feedback_compressor: momentum " +
-                                              std::to_string(options_.momentum) + " is not in [0, 1)");
+                                              std::to_string(options_.momentum) +
+                                              " is not in [0, 1)");
     }
   }
   explicit error_feedback_compressor(error_feedback_options options)
@@ -137,8 +139,8 @@ class error_feedback_compressor {
     check_size("error_feedback_compressor::add_tensor", id, n);
     const auto at = lower_bound(id);
     if (at != tensors_.end() && (*at)->id == id) {
-      throw_error(errc::invalid_argument,
-                  "error_feedback_compressor::add_tensor: tensor " + std::to_string(id) + " is already registered");
+      throw_error(errc::invalid_argument, "error_feedback_compressor::add_tensor: tensor " +
+                                              std::to_string(id) + " is already registered");
     }
     auto t = std::make_unique<tensor>();
     t->id = id;
@@ -163,9 +165,9 @@ class error_feedback_compressor {
                            sparse_buffer<Value, Index>& out) {
     tensor& t = find(id);
     if (g.size() != t.size) {
-      throw_error(errc::size_mismatch, "error_feedback_compressor::compress: tensor " + std::to_string(id) +
-                                           " has " + std::to_string(t.size) + " elements, the gradient " +
-                                           std::to_string(g.size()));
+      throw_error(errc::size_mismatch, "error_feedback_compressor::compress: tensor " +
+                                           std::to_string(id) + " has " + std::to_string(t.size) +
+                                           " elements, the gradient " + std::to_string(g.size()));
     }
     [[maybe_unused]] const auto awake = stay_awake(ex);  // several bulk calls follow
     const std::uint64_t n = t.size;
@@ -192,7 +194,8 @@ class error_feedback_compressor {
       const momentum_source src{g.data(), u, r, options_.momentum};
       stats = selector_.select_from(ex, t.selection, t.ws, src, n, k, ctx, emit);
     } else {
-      stats = selector_.select_from(ex, t.selection, t.ws, error_feedback_source{g.data(), r}, n, k, ctx, emit);
+      stats = selector_.select_from(ex, t.selection, t.ws, error_feedback_source{g.data(), r}, n, k,
+                                    ctx, emit);
     }
     out.resize(stats.count);
     ++t.step;
@@ -216,9 +219,13 @@ class error_feedback_compressor {
   /// Steps done on tensor `id`.
   [[nodiscard]] std::uint64_t step(std::uint32_t id) const { return find(id).step; }
   /// The residual of tensor `id`: what was accumulated and not sent yet.
-  [[nodiscard]] std::span<const float> residual(std::uint32_t id) const { return find(id).residual.span(); }
+  [[nodiscard]] std::span<const float> residual(std::uint32_t id) const {
+    return find(id).residual.span();
+  }
   /// The momentum of tensor `id` (empty without momentum correction).
-  [[nodiscard]] std::span<const float> momentum(std::uint32_t id) const { return find(id).momentum.span(); }
+  [[nodiscard]] std::span<const float> momentum(std::uint32_t id) const {
+    return find(id).momentum.span();
+  }
   /// The selector's state of tensor `id`.
   [[nodiscard]] const typename Selector::tensor_state& selection_state(std::uint32_t id) const {
     return find(id).selection;
@@ -238,7 +245,8 @@ class error_feedback_compressor {
           r.put(t->id);
           r.put(t->size);
           r.put(t->step);
-          if constexpr (!std::is_empty_v<typename Selector::tensor_state>) selector_.save(t->selection, r);
+          if constexpr (!std::is_empty_v<typename Selector::tensor_state>)
+            selector_.save(t->selection, r);
         });
         w.record("RESD", [&](state_record_writer& r) { r.put_array(t->residual.span()); });
         if (options_.momentum > 0.0f) {
@@ -261,14 +269,16 @@ class error_feedback_compressor {
     const auto has_momentum = conf.get<std::uint8_t>();
     const auto count = conf.get<std::uint64_t>();
     conf.finish();
-    if (value != dtype_of<Value> || index_bytes != sizeof(Index) || has_momentum != (options_.momentum > 0.0f ? 1 : 0)) {
-      throw_error(errc::invalid_argument, std::string(what) +
-                                              ": the state was saved by a compressor with other options "
-                                              "(value type, index type or momentum)");
+    if (value != dtype_of<Value> || index_bytes != sizeof(Index) ||
+        has_momentum != (options_.momentum > 0.0f ? 1 : 0)) {
+      throw_error(errc::invalid_argument,
+                  std::string(what) +
+                      ": the state was saved by a compressor with other options "
+                      "(value type, index type or momentum)");
     }
     if (count > rd.remaining()) {
-      rd.malformed("claims " + std::to_string(count) + " tensors, " + std::to_string(rd.remaining()) +
-                   " records follow");
+      rd.malformed("claims " + std::to_string(count) + " tensors, " +
+                   std::to_string(rd.remaining()) + " records follow");
     }
     std::vector<std::unique_ptr<tensor>> loaded;
     for (std::uint64_t j = 0; j < count; ++j) {
@@ -278,23 +288,27 @@ class error_feedback_compressor {
       t->size = head.get<std::uint64_t>();
       t->step = head.get<std::uint64_t>();
       if (!loaded.empty() && loaded.back()->id >= t->id) {
-        head.fail("tensor ids not ascending at tensor " + std::to_string(j) + " (id " + std::to_string(t->id) + ")");
+        head.fail("tensor ids not ascending at tensor " + std::to_string(j) + " (id " +
+                  std::to_string(t->id) + ")");
       }
       check_size(what, t->id, t->size);
-      if constexpr (!std::is_empty_v<typename Selector::tensor_state>) selector_.load(t->selection, head);
+      if constexpr (!std::is_empty_v<typename Selector::tensor_state>)
+        selector_.load(t->selection, head);
       head.finish();
       auto residual = rd.next("RESD");
       if (residual.remaining() != t->size * sizeof(float)) {
-        residual.fail("tensor " + std::to_string(t->id) + " of " + std::to_string(t->size) + " elements has " +
-                      std::to_string(residual.remaining()) + " bytes of residual");
+        residual.fail("tensor " + std::to_string(t->id) + " of " + std::to_string(t->size) +
+                      " elements has " + std::to_string(residual.remaining()) +
+                      " bytes of residual");
       }
       t->residual = aligned_buffer<float>(t->size, {.prefault = true}, ex);
       residual.get_array(t->residual.span());
       if (options_.momentum > 0.0f) {
         auto momentum = rd.next("MOMT");
         if (momentum.remaining() != t->size * sizeof(float)) {
-          momentum.fail("tensor " + std::to_string(t->id) + " of " + std::to_string(t->size) + " elements has " +
-                        std::to_string(momentum.remaining()) + " bytes of momentum");
+          momentum.fail("tensor " + std::to_string(t->id) + " of " + std::to_string(t->size) +
+                        " elements has " + std::to_string(momentum.remaining()) +
+                        " bytes of momentum");
         }
         t->momentum = aligned_buffer<float>(t->size, {.prefault = true}, ex);
         momentum.get_array(t->momentum.span());
@@ -325,27 +339,33 @@ class error_feedback_compressor {
   static void check_size(const char* who, std::uint32_t id, std::uint64_t n) {
     if (n > 0 && n - 1 > std::numeric_limits<Index>::max()) {
       throw_error(errc::out_of_range, std::string(who) + ": tensor " + std::to_string(id) + " of " +
-                                          std::to_string(n) + " elements does not fit the index type");
+                                          std::to_string(n) +
+                                          " elements does not fit the index type");
     }
   }
 
   auto lower_bound(std::uint32_t id) const {
-    return std::lower_bound(tensors_.begin(), tensors_.end(), id,
-                            [](const std::unique_ptr<tensor>& t, std::uint32_t v) { return t->id < v; });
+    return std::lower_bound(
+        tensors_.begin(), tensors_.end(), id,
+        [](const std::unique_ptr<tensor>& t, std::uint32_t v) { return t->id < v; });
   }
   auto lower_bound(std::uint32_t id) {
-    return std::lower_bound(tensors_.begin(), tensors_.end(), id,
-                            [](const std::unique_ptr<tensor>& t, std::uint32_t v) { return t->id < v; });
+    return std::lower_bound(
+        tensors_.begin(), tensors_.end(), id,
+        [](const std::unique_ptr<tensor>& t, std::uint32_t v) { return t->id < v; });
   }
 
   tensor& find(std::uint32_t id) {
     const auto at = lower_bound(id);
     if (at == tensors_.end() || (*at)->id != id) {
-      throw_error(errc::invalid_argument, "error_feedback_compressor: tensor " + std::to_string(id) + " is not registered");
+      throw_error(errc::invalid_argument,
+                  "error_feedback_compressor: tensor " + std::to_string(id) + " is not registered");
     }
     return **at;
   }
-  const tensor& find(std::uint32_t id) const { return const_cast<error_feedback_compressor*>(this)->find(id); }
+  const tensor& find(std::uint32_t id) const {
+    return const_cast<error_feedback_compressor*>(this)->find(id);
+  }
 
   Selector selector_;
   error_feedback_options options_;

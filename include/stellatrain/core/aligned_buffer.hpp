@@ -50,7 +50,8 @@ struct buffer_options {
 
 namespace detail {
 
-inline void advise_huge_pages([[maybe_unused]] void* p, [[maybe_unused]] std::size_t bytes) noexcept {
+inline void advise_huge_pages([[maybe_unused]] void* p,
+                              [[maybe_unused]] std::size_t bytes) noexcept {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   // Advice only: a kernel without THP support returns EINVAL and the buffer works as is.
   (void)::madvise(p, bytes, MADV_HUGEPAGE);
@@ -173,7 +174,7 @@ class aligned_buffer {
       alignment = std::max(alignment, huge_page_bytes);
       bytes = (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
     }
-    void* p = ::operator new(bytes, std::align_val_t{alignment}, std::nothrow);
+    void* p = ::operator new (bytes, std::align_val_t{alignment}, std::nothrow);
     if (p == nullptr) {
       throw_error(errc::resource_exhausted, "aligned_buffer: cannot allocate " +
                                                 std::to_string(bytes) + " bytes aligned to " +
@@ -195,7 +196,7 @@ class aligned_buffer {
 
   void release() noexcept {
     if (data_ != nullptr) {
-      ::operator delete(static_cast<void*>(data_), std::align_val_t{alignment_});
+      ::operator delete (static_cast<void*>(data_), std::align_val_t{alignment_});
       data_ = nullptr;
       size_ = 0;
       alignment_ = 0;

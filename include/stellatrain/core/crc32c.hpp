@@ -148,8 +148,8 @@ inline std::uint32_t crc32c_update_software(std::uint32_t crc, const unsigned ch
 // One lane of the crc32 instruction over n bytes (any n).
 template <class Arch>
 STELLATRAIN_TARGET("sse4.2")
-inline std::uint32_t crc32c_lane_hardware(std::uint32_t crc, const unsigned char* p,
-                                          std::size_t n) noexcept {
+inline std::uint32_t
+    crc32c_lane_hardware(std::uint32_t crc, const unsigned char* p, std::size_t n) noexcept {
 #if defined(__x86_64__)
   std::uint64_t c = crc;
   for (; n >= 8; n -= 8, p += 8) c = _mm_crc32_u64(c, crc32c_load64(p));
@@ -166,8 +166,10 @@ inline std::uint32_t crc32c_lane_hardware(std::uint32_t crc, const unsigned char
 
 // Three lanes of `lane` bytes each, interleaved, joined into one register.
 template <class Arch, std::size_t Lane>
-STELLATRAIN_TARGET("sse4.2") STELLATRAIN_FORCE_INLINE std::uint32_t crc32c_stripe_hardware(
-    std::uint32_t crc, const unsigned char* p, const crc32c_shift_table& shift) noexcept {
+STELLATRAIN_TARGET("sse4.2")
+STELLATRAIN_FORCE_INLINE std::uint32_t
+    crc32c_stripe_hardware(std::uint32_t crc, const unsigned char* p,
+                           const crc32c_shift_table& shift) noexcept {
 #if defined(__x86_64__)
   std::uint64_t a = crc, b = 0, c = 0;
   for (std::size_t i = 0; i < Lane; i += 8) {
@@ -186,8 +188,8 @@ STELLATRAIN_TARGET("sse4.2") STELLATRAIN_FORCE_INLINE std::uint32_t crc32c_strip
 
 template <class Arch>
 STELLATRAIN_TARGET("sse4.2")
-inline std::uint32_t crc32c_update_hardware(std::uint32_t crc, const unsigned char* p,
-                                            std::size_t n) noexcept {
+inline std::uint32_t
+    crc32c_update_hardware(std::uint32_t crc, const unsigned char* p, std::size_t n) noexcept {
   for (; n >= 3 * crc32c_long_lane; n -= 3 * crc32c_long_lane, p += 3 * crc32c_long_lane) {
     crc = crc32c_stripe_hardware<Arch, crc32c_long_lane>(crc, p, crc32c_long_shift);
   }
@@ -201,9 +203,9 @@ inline std::uint32_t crc32c_update_hardware(std::uint32_t crc, const unsigned ch
 
 // Whether the kernel of `Arch` has the crc32 instruction: SSE4.2 and every AVX family.
 template <class Arch>
-inline constexpr bool arch_has_crc32 =
-    STELLATRAIN_X86_INTRINSICS &&
-    (lane_isa_of<Arch>() >= lane_isa::avx || std::is_base_of_v<xsimd::sse4_2, Arch>);
+inline constexpr bool arch_has_crc32 = STELLATRAIN_X86_INTRINSICS &&
+                                       (lane_isa_of<Arch>() >= lane_isa::avx ||
+                                        std::is_base_of_v<xsimd::sse4_2, Arch>);
 
 // Advances a raw (not inverted) register over n bytes, with the crc32 instruction where `Arch`
 // has it.
@@ -245,9 +247,8 @@ std::uint32_t crc32c_update(std::uint32_t crc, const unsigned char* p, std::size
                                           std::uint32_t seed = 0) noexcept {
   const auto* p = reinterpret_cast<const unsigned char*>(data.data());
   // Units built for less than SSE4.2 (plain x86-64) still use it where the CPU has it.
-  return ~detail::dispatch_arch<xsimd::default_arch, xsimd::sse4_2>([&](auto arch) {
-    return detail::crc32c_update<decltype(arch)>(~seed, p, data.size());
-  });
+  return ~detail::dispatch_arch<xsimd::default_arch, xsimd::sse4_2>(
+      [&](auto arch) { return detail::crc32c_update<decltype(arch)>(~seed, p, data.size()); });
 }
 
 }  // namespace stellatrain

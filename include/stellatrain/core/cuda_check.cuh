@@ -30,9 +30,10 @@ struct cuda_stream {
 /// `what` (the failed call), the CUDA error name and text, and the caller's file and line.
 inline void check_cuda(cudaError_t status, const char* what = "CUDA call",
                        std::source_location where = std::source_location::current()) {
-  if (status == cudaSuccess) [[likely]] return;
-  std::string message = std::string(where.file_name()) + ":" + std::to_string(where.line()) +
-                        ": " + what + " failed: " + cudaGetErrorName(status) + " (" +
+  if (status == cudaSuccess) [[likely]]
+    return;
+  std::string message = std::string(where.file_name()) + ":" + std::to_string(where.line()) + ": " +
+                        what + " failed: " + cudaGetErrorName(status) + " (" +
                         cudaGetErrorString(status) + ")";
   throw error(errc::cuda_error, message);
 }

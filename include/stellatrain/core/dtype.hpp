@@ -37,10 +37,13 @@ enum class dtype : std::uint8_t {
   switch (t) {
     case dtype::f16:
     case dtype::bf16:
-    case dtype::u16: return 2;
+    case dtype::u16:
+      return 2;
     case dtype::f32:
-    case dtype::u32: return 4;
-    case dtype::u64: return 8;
+    case dtype::u32:
+      return 4;
+    case dtype::u64:
+      return 8;
   }
   return 0;
 }
@@ -48,12 +51,18 @@ enum class dtype : std::uint8_t {
 /// Short lower-case name of `t` ("f32", "bf16", ...); "unknown" for other values.
 [[nodiscard]] constexpr std::string_view name_of(dtype t) noexcept {
   switch (t) {
-    case dtype::f32: return "f32";
-    case dtype::f16: return "f16";
-    case dtype::bf16: return "bf16";
-    case dtype::u16: return "u16";
-    case dtype::u32: return "u32";
-    case dtype::u64: return "u64";
+    case dtype::f32:
+      return "f32";
+    case dtype::f16:
+      return "f16";
+    case dtype::bf16:
+      return "bf16";
+    case dtype::u16:
+      return "u16";
+    case dtype::u32:
+      return "u32";
+    case dtype::u64:
+      return "u64";
   }
   return "unknown";
 }

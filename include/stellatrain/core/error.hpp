@@ -37,19 +37,32 @@ class error_category_impl final : public std::error_category {
 
   [[nodiscard]] std::string message(int code) const override {
     switch (static_cast<errc>(code)) {
-      case errc::invalid_argument: return "invalid argument";
-      case errc::out_of_range: return "out of range";
-      case errc::size_mismatch: return "size mismatch";
-      case errc::malformed_message: return "malformed message";
-      case errc::checksum_mismatch: return "checksum mismatch";
-      case errc::version_mismatch: return "version mismatch";
-      case errc::not_finite: return "non-finite value";
-      case errc::timeout: return "timed out";
-      case errc::peer_failure: return "peer failure";
-      case errc::io_error: return "I/O error";
-      case errc::cuda_error: return "CUDA error";
-      case errc::unsupported: return "unsupported";
-      case errc::resource_exhausted: return "resource exhausted";
+      case errc::invalid_argument:
+        return "invalid argument";
+      case errc::out_of_range:
+        return "out of range";
+      case errc::size_mismatch:
+        return "size mismatch";
+      case errc::malformed_message:
+        return "malformed message";
+      case errc::checksum_mismatch:
+        return "checksum mismatch";
+      case errc::version_mismatch:
+        return "version mismatch";
+      case errc::not_finite:
+        return "non-finite value";
+      case errc::timeout:
+        return "timed out";
+      case errc::peer_failure:
+        return "peer failure";
+      case errc::io_error:
+        return "I/O error";
+      case errc::cuda_error:
+        return "CUDA error";
+      case errc::unsupported:
+        return "unsupported";
+      case errc::resource_exhausted:
+        return "resource exhausted";
     }
     return "unknown stellatrain error " + std::to_string(code);
   }

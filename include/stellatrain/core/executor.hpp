@@ -35,13 +35,15 @@ struct bulk_function_archetype {
 /// \code
 ///   struct serial {
 ///     std::size_t concurrency() const noexcept { return 1; }
-///     template <class F> void bulk(std::size_t n, F&& f) { for (std::size_t i = 0; i < n; ++i) f(i); }
+///     template <class F> void bulk(std::size_t n, F&& f) { for (std::size_t i = 0; i < n; ++i)
+///     f(i); }
 ///   };
 ///   static_assert(stellatrain::executor<serial>);
 /// \endcode
 template <class E>
 concept executor = requires(E& ex, std::size_t n, const detail::bulk_function_archetype& f) {
-  { ex.concurrency() } noexcept -> std::convertible_to<std::size_t>;
+  { ex.concurrency() }
+  noexcept->std::convertible_to<std::size_t>;
   ex.bulk(n, f);
 };
 
@@ -67,7 +69,9 @@ template <executor Executor>
 /// taking nothing) at some later time or at once, on some thread; what it returns is ignored
 /// by the library. The pipeline runs its stages through it.
 template <class E>
-concept task_executor = executor<E> && requires(E& ex, void (*f)()) { ex.submit(f); };
+concept task_executor = executor<E> && requires(E& ex, void (*f)()) {
+  ex.submit(f);
+};
 
 /// Runs every call of a bulk on the calling thread, in index order; `submit` runs the task at
 /// once on the calling thread.

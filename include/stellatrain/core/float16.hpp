@@ -116,12 +116,15 @@ class fp16 {
       : bits_(detail::fp16_bits_from_float(value)) {}
 
   /// The value with exactly these 16 bits.
-  [[nodiscard]] STELLATRAIN_HOST_DEVICE static constexpr fp16 from_bits(std::uint16_t bits) noexcept {
+  [[nodiscard]] STELLATRAIN_HOST_DEVICE static constexpr fp16 from_bits(
+      std::uint16_t bits) noexcept {
     fp16 h;
     h.bits_ = bits;
     return h;
   }
-  [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr std::uint16_t bits() const noexcept { return bits_; }
+  [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr std::uint16_t bits() const noexcept {
+    return bits_;
+  }
   [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr float to_float() const noexcept {
     return detail::float_from_fp16_bits(bits_);
   }
@@ -148,12 +151,15 @@ class bf16 {
   STELLATRAIN_HOST_DEVICE constexpr explicit bf16(float value) noexcept
       : bits_(detail::bf16_bits_from_float(value)) {}
 
-  [[nodiscard]] STELLATRAIN_HOST_DEVICE static constexpr bf16 from_bits(std::uint16_t bits) noexcept {
+  [[nodiscard]] STELLATRAIN_HOST_DEVICE static constexpr bf16 from_bits(
+      std::uint16_t bits) noexcept {
     bf16 b;
     b.bits_ = bits;
     return b;
   }
-  [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr std::uint16_t bits() const noexcept { return bits_; }
+  [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr std::uint16_t bits() const noexcept {
+    return bits_;
+  }
   [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr float to_float() const noexcept {
     return detail::float_from_bf16_bits(bits_);
   }

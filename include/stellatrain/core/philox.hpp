@@ -25,11 +25,14 @@ struct philox_key {
 
 namespace detail {
 
-STELLATRAIN_HOST_DEVICE constexpr philox_counter philox_round(philox_counter c, philox_key k) noexcept {
+STELLATRAIN_HOST_DEVICE constexpr philox_counter philox_round(philox_counter c,
+                                                              philox_key k) noexcept {
   const std::uint64_t p0 = std::uint64_t{0xD2511F53u} * c.word[0];
   const std::uint64_t p1 = std::uint64_t{0xCD9E8D57u} * c.word[2];
-  return {{static_cast<std::uint32_t>(p1 >> 32) ^ c.word[1] ^ k.word[0], static_cast<std::uint32_t>(p1),
-           static_cast<std::uint32_t>(p0 >> 32) ^ c.word[3] ^ k.word[1], static_cast<std::uint32_t>(p0)}};
+  return {{static_cast<std::uint32_t>(p1 >> 32) ^ c.word[1] ^ k.word[0],
+           static_cast<std::uint32_t>(p1),
+           static_cast<std::uint32_t>(p0 >> 32) ^ c.word[3] ^ k.word[1],
+           static_cast<std::uint32_t>(p0)}};
 }
 
 }  // namespace detail
@@ -37,8 +40,8 @@ STELLATRAIN_HOST_DEVICE constexpr philox_counter philox_round(philox_counter c, 
 /// Philox4x32 with 10 rounds: four independent uniform 32-bit words for counter `c` under key
 /// `k`. Matches the Random123 reference (known-answer vectors in the tests). About 20 integer
 /// multiplies; no state.
-[[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr philox_counter philox4x32_10(philox_counter c,
-                                                                            philox_key k) noexcept {
+[[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr philox_counter philox4x32_10(
+    philox_counter c, philox_key k) noexcept {
   c = detail::philox_round(c, k);
   for (int r = 1; r < 10; ++r) {
     k.word[0] += 0x9E3779B9u;
@@ -62,7 +65,8 @@ struct random_key {
 /// same key; `next()` walks the sequence from the given position.
 class random_stream {
  public:
-  STELLATRAIN_HOST_DEVICE constexpr explicit random_stream(random_key key, std::uint64_t position = 0) noexcept
+  STELLATRAIN_HOST_DEVICE constexpr explicit random_stream(random_key key,
+                                                           std::uint64_t position = 0) noexcept
       : key_(key), position_(position) {}
 
   /// Value number `j` of the stream, without moving it.
@@ -98,15 +102,19 @@ class random_stream {
   }
 
   /// How many values were consumed (the position of the next one).
-  [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr std::uint64_t position() const noexcept { return position_; }
+  [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr std::uint64_t position() const noexcept {
+    return position_;
+  }
 
  private:
   STELLATRAIN_HOST_DEVICE constexpr philox_counter block(std::uint64_t b) const noexcept {
     return philox4x32_10(
-        {{static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(b >> 32), key_.step, key_.tensor}},
+        {{static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(b >> 32), key_.step,
+          key_.tensor}},
         {{static_cast<std::uint32_t>(key_.seed), static_cast<std::uint32_t>(key_.seed >> 32)}});
   }
-  STELLATRAIN_HOST_DEVICE static constexpr std::uint64_t pick(const philox_counter& words, std::uint64_t j) noexcept {
+  STELLATRAIN_HOST_DEVICE static constexpr std::uint64_t pick(const philox_counter& words,
+                                                              std::uint64_t j) noexcept {
     const unsigned w = static_cast<unsigned>(j & 1u) * 2u;
     return (std::uint64_t{words.word[w + 1]} << 32) | words.word[w];
   }

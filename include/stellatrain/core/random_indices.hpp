@@ -58,11 +58,14 @@ class batched_random_stream {
   static constexpr unsigned batch_values = 2 * batch_blocks;
 
   void refill() noexcept {
-    const philox_key k{{static_cast<std::uint32_t>(key_.seed), static_cast<std::uint32_t>(key_.seed >> 32)}};
+    const philox_key k{
+        {static_cast<std::uint32_t>(key_.seed), static_cast<std::uint32_t>(key_.seed >> 32)}};
     for (unsigned b = 0; b < batch_blocks; ++b) {
       const std::uint64_t block = block_ + b;
-      const philox_counter w = philox4x32_10(
-          {{static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32), key_.step, key_.tensor}}, k);
+      const philox_counter w =
+          philox4x32_10({{static_cast<std::uint32_t>(block),
+                          static_cast<std::uint32_t>(block >> 32), key_.step, key_.tensor}},
+                        k);
       values_[2 * b] = (std::uint64_t{w.word[1]} << 32) | w.word[0];
       values_[2 * b + 1] = (std::uint64_t{w.word[3]} << 32) | w.word[2];
     }
@@ -118,10 +121,9 @@ void sample_sorted_indices(random_key key, std::uint64_t n, std::uint64_t k, std
   }
   const std::uint64_t words = sample_indices_workspace_words(n);
   if (workspace.size() < words) {
-    throw_error(errc::invalid_argument, "sample_sorted_indices: workspace holds " +
-                                            std::to_string(workspace.size()) + " words, " +
-                                            std::to_string(words) + " needed for n = " +
-                                            std::to_string(n));
+    throw_error(errc::invalid_argument,
+                "sample_sorted_indices: workspace holds " + std::to_string(workspace.size()) +
+                    " words, " + std::to_string(words) + " needed for n = " + std::to_string(n));
   }
   std::uint64_t* const bits = workspace.data();
   const bool complement = k > n / 2;
@@ -136,7 +138,8 @@ void sample_sorted_indices(random_key key, std::uint64_t n, std::uint64_t k, std
         __extension__ using u128 = unsigned __int128;
         const auto ahead = rng.upcoming();
         for (std::size_t d = 0; d < ahead.size() && d < 32; ++d) {
-          const auto t = static_cast<std::uint64_t>((static_cast<u128>(ahead[d]) * (j + d + 1)) >> 64);
+          const auto t =
+              static_cast<std::uint64_t>((static_cast<u128>(ahead[d]) * (j + d + 1)) >> 64);
           __builtin_prefetch(bits + (t >> 6), 1);
         }
       }
@@ -178,11 +181,13 @@ void sample_sorted_indices(random_key key, std::uint64_t n, std::uint64_t k, std
       const auto count = static_cast<std::uint64_t>(std::popcount(word));
       const std::uint64_t base = w << 6;
       for (int r = 0; r < 4; ++r) {
-        out[c + static_cast<std::uint64_t>(r)] = static_cast<Index>(base + static_cast<std::uint64_t>(std::countr_zero(word)));
+        out[c + static_cast<std::uint64_t>(r)] =
+            static_cast<Index>(base + static_cast<std::uint64_t>(std::countr_zero(word)));
         word &= word - 1;
       }
       c += std::min<std::uint64_t>(count, 4);
-      for (; word != 0; word &= word - 1) out[c++] = static_cast<Index>(base + static_cast<std::uint64_t>(std::countr_zero(word)));
+      for (; word != 0; word &= word - 1)
+        out[c++] = static_cast<Index>(base + static_cast<std::uint64_t>(std::countr_zero(word)));
     }
   }
   for (; w < words; ++w) {

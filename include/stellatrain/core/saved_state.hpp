@@ -61,7 +61,8 @@ struct state_kind {
   /// Throws `errc::invalid_argument` unless `magic` has exactly 8 characters.
   static constexpr state_kind of(std::string_view magic, std::uint32_t version) {
     if (magic.size() != 8) {
-      throw_error(errc::invalid_argument, "state_kind: magic \"" + std::string(magic) + "\" is not 8 characters");
+      throw_error(errc::invalid_argument,
+                  "state_kind: magic \"" + std::string(magic) + "\" is not 8 characters");
     }
     state_kind k;
     std::copy(magic.begin(), magic.end(), k.magic.begin());
@@ -85,7 +86,8 @@ inline constexpr char saved_state_end[8] = {'S', 'T', 'E', 'L', 'L', 'E', 'N', '
 
 // Copies `count` values of `size` bytes each from `src` to `dst`, reversing each value's bytes
 // on a big-endian host (the format is little-endian).
-inline void copy_little_endian(std::byte* dst, const std::byte* src, std::size_t count, std::size_t size) noexcept {
+inline void copy_little_endian(std::byte* dst, const std::byte* src, std::size_t count,
+                               std::size_t size) noexcept {
   if constexpr (std::endian::native == std::endian::little) {
     if (count != 0) std::memcpy(dst, src, count * size);
   } else {
@@ -141,7 +143,7 @@ class state_record_writer {
   }
   /// Appends the values of `v` (no length: the layout or an earlier field gives it).
   template <class T, std::size_t Extent>
-    requires state_field<std::remove_const_t<T>>
+  requires state_field<std::remove_const_t<T>>
   void put_array(std::span<T, Extent> v) {
     if constexpr (std::endian::native == std::endian::little || sizeof(T) == 1) {
       write(reinterpret_cast<const std::byte*>(v.data()), v.size_bytes());
@@ -183,7 +185,8 @@ struct saved_state_access;
 /// \code
 ///   auto bytes = stellatrain::save_state_bytes(kind, [&](stellatrain::state_writer& w) {
 ///     w.record("CONF", [&](auto& r) { r.put(options.momentum); r.put(std::uint64_t{count}); });
-///     for (const auto& t : tensors) w.record("TNSR", [&](auto& r) { r.put(t.id); r.put_array(t.values()); });
+///     for (const auto& t : tensors) w.record("TNSR", [&](auto& r) { r.put(t.id);
+///     r.put_array(t.values()); });
 ///   });
 /// \endcode
 class state_writer {
@@ -193,7 +196,8 @@ class state_writer {
   template <class Fields>
   void record(std::string_view tag, Fields&& fields) {
     if (tag.size() != 4) {
-      throw_error(errc::invalid_argument, "state_writer::record: tag \"" + std::string(tag) + "\" is not 4 characters");
+      throw_error(errc::invalid_argument,
+                  "state_writer::record: tag \"" + std::string(tag) + "\" is not 4 characters");
     }
     if (sink_ == nullptr) {
       state_record_writer r(nullptr);
@@ -201,7 +205,8 @@ class state_writer {
       sizes_.push_back(r.size());
       return;
     }
-    if (next_ >= sizes_.size()) throw_error(errc::invalid_argument, "state_writer: more records than when sized");
+    if (next_ >= sizes_.size())
+      throw_error(errc::invalid_argument, "state_writer: more records than when sized");
     const std::uint64_t declared = sizes_[next_++];
     std::byte head[detail::saved_state_record_head_bytes] = {};
     std::memcpy(head, tag.data(), 4);
@@ -211,9 +216,9 @@ class state_writer {
     r.crc_ = crc32c(std::span<const std::byte>(head, sizeof head));
     fields(r);
     if (r.size() != declared) {
-      throw_error(errc::invalid_argument, "state_writer::record: record " + std::string(tag) + " wrote " +
-                                              std::to_string(r.size()) + " bytes, " + std::to_string(declared) +
-                                              " when sized");
+      throw_error(errc::invalid_argument, "state_writer::record: record " + std::string(tag) +
+                                              " wrote " + std::to_string(r.size()) + " bytes, " +
+                                              std::to_string(declared) + " when sized");
     }
     std::byte crc[4];
     detail::put_le32(crc, r.crc_);
@@ -254,7 +259,8 @@ struct saved_state_access {
     sink.write(sink.ctx, header, sizeof header);
     w.sink_ = &sink;
     write(w);
-    if (w.next_ != w.sizes_.size()) throw_error(errc::invalid_argument, "state_writer: fewer records than when sized");
+    if (w.next_ != w.sizes_.size())
+      throw_error(errc::invalid_argument, "state_writer: fewer records than when sized");
     std::byte trailer[saved_state_trailer_bytes];
     std::memcpy(trailer, saved_state_end, 8);
     put_le64(trailer + 8, total);
@@ -289,8 +295,9 @@ template <class Write>
 std::size_t save_state_into(std::span<std::byte> out, const state_kind& kind, Write&& write) {
   const std::uint64_t need = saved_state_size(write);
   if (out.size() < need) {
-    throw_error(errc::size_mismatch, std::string(kind.name()) + " state: buffer of " + std::to_string(out.size()) +
-                                         " bytes, the state needs " + std::to_string(need));
+    throw_error(errc::size_mismatch, std::string(kind.name()) + " state: buffer of " +
+                                         std::to_string(out.size()) + " bytes, the state needs " +
+                                         std::to_string(need));
   }
   struct cursor {
     std::byte* at;
@@ -308,11 +315,13 @@ std::size_t save_state_into(std::span<std::byte> out, const state_kind& kind, Wr
 template <class Write>
 void save_state_to(std::ostream& os, const state_kind& kind, Write&& write) {
   auto put = [](void* ctx, const std::byte* data, std::size_t n) {
-    static_cast<std::ostream*>(ctx)->write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(n));
+    static_cast<std::ostream*>(ctx)->write(reinterpret_cast<const char*>(data),
+                                           static_cast<std::streamsize>(n));
   };
   detail::saved_state_access::write(kind, write, {put, &os});
   os.flush();
-  if (!os) throw_error(errc::io_error, std::string(kind.name()) + " state: writing to the stream failed");
+  if (!os)
+    throw_error(errc::io_error, std::string(kind.name()) + " state: writing to the stream failed");
 }
 
 /// Reads the fields of one verified record, in the order they were written.
@@ -321,7 +330,8 @@ class state_record_reader {
   template <state_field T>
   [[nodiscard]] T get() {
     T v;
-    detail::copy_little_endian(reinterpret_cast<std::byte*>(&v), take(sizeof(T), "a field"), 1, sizeof(T));
+    detail::copy_little_endian(reinterpret_cast<std::byte*>(&v), take(sizeof(T), "a field"), 1,
+                               sizeof(T));
     return v;
   }
   /// Fills `out` with the next out.size() values.
@@ -347,19 +357,20 @@ class state_record_reader {
   }
   /// Throws `errc::malformed_message` with `what` and where the record is.
   [[noreturn]] void fail(const std::string& what) const {
-    throw_error(errc::malformed_message, std::string(who_) + ": record " + std::to_string(index_) + " (" +
-                                             tag_ + "): " + what);
+    throw_error(errc::malformed_message, std::string(who_) + ": record " + std::to_string(index_) +
+                                             " (" + tag_ + "): " + what);
   }
 
  private:
   friend class state_reader;
-  state_record_reader(std::span<const std::byte> payload, std::string_view who, std::uint64_t index, std::string tag)
+  state_record_reader(std::span<const std::byte> payload, std::string_view who, std::uint64_t index,
+                      std::string tag)
       : payload_(payload), who_(who), index_(index), tag_(std::move(tag)) {}
 
   const std::byte* take(std::uint64_t n, const char* what) {
     if (n > remaining()) {
-      fail(std::string("ends inside ") + what + " at payload byte " + std::to_string(pos_) + " (" + std::to_string(n) +
-           " bytes needed, " + std::to_string(remaining()) + " left)");
+      fail(std::string("ends inside ") + what + " at payload byte " + std::to_string(pos_) + " (" +
+           std::to_string(n) + " bytes needed, " + std::to_string(remaining()) + " left)");
     }
     const std::byte* p = payload_.data() + pos_;
     pos_ += n;
@@ -395,50 +406,57 @@ class state_reader {
     const std::byte* p = bytes.data();
     if (size < saved_state_header_bytes) truncated(0, saved_state_header_bytes, "the header");
     if (std::memcmp(p, kind.magic.data(), 8) != 0) {
-      malformed("not a saved " + std::string(kind.name()) + " state (its magic is \"" + printable_tag(p, 8) + "\")");
+      malformed("not a saved " + std::string(kind.name()) + " state (its magic is \"" +
+                printable_tag(p, 8) + "\")");
     }
     const std::uint32_t container = get_le32(p + 8);
     if (container != saved_state_container_version) {
-      throw_error(errc::version_mismatch, std::string(who_) + ": container version " + std::to_string(container) +
-                                              ", this build reads " + std::to_string(saved_state_container_version));
+      throw_error(errc::version_mismatch, std::string(who_) + ": container version " +
+                                              std::to_string(container) + ", this build reads " +
+                                              std::to_string(saved_state_container_version));
     }
     const std::uint32_t header_crc = crc32c(bytes.first(28));
     if (get_le32(p + 28) != header_crc || get_le32(p + 24) != 0) {
-      throw_error(errc::checksum_mismatch, std::string(who_) + ": the header's checksum does not match");
+      throw_error(errc::checksum_mismatch,
+                  std::string(who_) + ": the header's checksum does not match");
     }
     const std::uint32_t layout = get_le32(p + 12);
     if (layout != kind.version) {
-      throw_error(errc::version_mismatch, std::string(who_) + ": " + std::string(kind.name()) + " layout version " +
-                                              std::to_string(layout) + ", this build reads " +
-                                              std::to_string(kind.version));
+      throw_error(errc::version_mismatch, std::string(who_) + ": " + std::string(kind.name()) +
+                                              " layout version " + std::to_string(layout) +
+                                              ", this build reads " + std::to_string(kind.version));
     }
     const std::uint64_t count = get_le64(p + 16);
     if (count > (size - saved_state_header_bytes) / (saved_state_record_head_bytes + 4)) {
-      malformed("input of " + std::to_string(size) + " bytes ends inside the " + std::to_string(count) +
-                " records its header announces");
+      malformed("input of " + std::to_string(size) + " bytes ends inside the " +
+                std::to_string(count) + " records its header announces");
     }
     std::uint64_t at = saved_state_header_bytes;
     records_.reserve(static_cast<std::size_t>(count));
     for (std::uint64_t j = 0; j < count; ++j) {
-      if (size - at < saved_state_record_head_bytes + 4) truncated(at, saved_state_record_head_bytes + 4, "a record head");
+      if (size - at < saved_state_record_head_bytes + 4)
+        truncated(at, saved_state_record_head_bytes + 4, "a record head");
       const std::byte* r = p + at;
       const std::string tag = printable_tag(r, 4);
       const std::uint64_t length = get_le64(r + 8);
       if (get_le32(r + 4) != 0 || length > size - at - saved_state_record_head_bytes - 4) {
-        malformed("record " + std::to_string(j) + " (" + tag + ") at byte " + std::to_string(at) + " claims " +
-                  std::to_string(length) + " bytes, past the end of the input");
+        malformed("record " + std::to_string(j) + " (" + tag + ") at byte " + std::to_string(at) +
+                  " claims " + std::to_string(length) + " bytes, past the end of the input");
       }
       const auto whole = static_cast<std::size_t>(saved_state_record_head_bytes + length);
       const std::uint32_t actual = crc32c(bytes.subspan(static_cast<std::size_t>(at), whole));
       if (get_le32(r + whole) != actual) {
-        throw_error(errc::checksum_mismatch, std::string(who_) + ": record " + std::to_string(j) + " (" + tag +
-                                                 ") at byte " + std::to_string(at) + ": checksum does not match");
+        throw_error(errc::checksum_mismatch, std::string(who_) + ": record " + std::to_string(j) +
+                                                 " (" + tag + ") at byte " + std::to_string(at) +
+                                                 ": checksum does not match");
       }
       records_.push_back({at, length});
       at += whole + 4;
     }
-    if (size - at < saved_state_trailer_bytes) truncated(at, saved_state_trailer_bytes, "the trailer");
-    if (std::memcmp(p + at, saved_state_end, 8) != 0 || get_le64(p + at + 8) != at + saved_state_trailer_bytes) {
+    if (size - at < saved_state_trailer_bytes)
+      truncated(at, saved_state_trailer_bytes, "the trailer");
+    if (std::memcmp(p + at, saved_state_end, 8) != 0 ||
+        get_le64(p + at + 8) != at + saved_state_trailer_bytes) {
       malformed("no valid trailer at byte " + std::to_string(at));
     }
     if (at + saved_state_trailer_bytes != size) {
@@ -463,19 +481,21 @@ class state_reader {
     const record& rec = records_[next_];
     const std::byte* r = bytes_.data() + rec.offset;
     if (tag.size() != 4 || std::memcmp(r, tag.data(), 4) != 0) {
-      malformed("record " + std::to_string(next_) + " is " + detail::printable_tag(r, 4) + ", expected " +
-                std::string(tag));
+      malformed("record " + std::to_string(next_) + " is " + detail::printable_tag(r, 4) +
+                ", expected " + std::string(tag));
     }
-    state_record_reader out(bytes_.subspan(static_cast<std::size_t>(rec.offset + detail::saved_state_record_head_bytes),
-                                           static_cast<std::size_t>(rec.length)),
-                            who_, next_, std::string(tag));
+    state_record_reader out(
+        bytes_.subspan(static_cast<std::size_t>(rec.offset + detail::saved_state_record_head_bytes),
+                       static_cast<std::size_t>(rec.length)),
+        who_, next_, std::string(tag));
     ++next_;
     return out;
   }
 
   /// Throws `errc::malformed_message` unless every record was read.
   void finish() const {
-    if (remaining() != 0) malformed(std::to_string(remaining()) + " records left over after the last expected one");
+    if (remaining() != 0)
+      malformed(std::to_string(remaining()) + " records left over after the last expected one");
   }
 
   /// Throws `errc::malformed_message` with `what`, naming the loading function.

@@ -57,9 +57,13 @@ class sparse_view {
 
   /// A read-only view of a mutable one.
   template <class V, class I>
-    requires(std::is_same_v<const V, Value> && std::is_same_v<const I, Index> &&
-             !(std::is_same_v<V, Value> && std::is_same_v<I, Index>))
-  constexpr sparse_view(const sparse_view<V, I>& other) noexcept  // NOLINT(google-explicit-constructor)
+  requires(
+      std::is_same_v<const V, Value>&& std::is_same_v<const I, Index> &&
+      !(std::is_same_v<V, Value> &&
+        std::is_same_v<
+            I,
+            Index>)) constexpr sparse_view(const sparse_view<V, I>&
+                                               other) noexcept  // NOLINT(google-explicit-constructor)
       : indices_(other.indices().data()),
         values_(other.values().data()),
         size_(other.size()),
@@ -84,7 +88,8 @@ class sparse_view {
 
   /// The pairs `[offset, offset + count)` as a view of the same dense tensor.
   [[nodiscard]] constexpr sparse_view subview(size_type offset, size_type count) const noexcept {
-    STELLATRAIN_ASSERT(offset <= size_ && count <= size_ - offset, "sparse_view::subview out of range");
+    STELLATRAIN_ASSERT(offset <= size_ && count <= size_ - offset,
+                       "sparse_view::subview out of range");
     sparse_view v;
     v.indices_ = indices_ + offset;
     v.values_ = values_ + offset;
@@ -102,8 +107,8 @@ class sparse_view {
 
 /// What `validate_sparse` requires of the indices besides being in range.
 enum class index_order : std::uint8_t {
-  any,               ///< no order required
-  strictly_ascending ///< sorted ascending without duplicates
+  any,                ///< no order required
+  strictly_ascending  ///< sorted ascending without duplicates
 };
 
 /// Checks that every index is below `dense_size()` and, if asked, that indices ascend
@@ -136,10 +141,10 @@ void validate_sparse(const sparse_view<Value, Index>& s, index_order order = ind
 /// within the capacity never allocates, so a buffer reused across steps costs no page faults.
 ///
 /// \code
-///   stellatrain::sparse_buffer<stellatrain::bf16> sel(/*dense_size=*/1 << 20, /*capacity=*/10'000);
-///   sel.resize(2);
-///   sel.indices()[0] = 5;  sel.values()[0] = stellatrain::bf16{1.5f};
-///   auto view = sel.view();  // sparse_view<const bf16, const std::uint32_t>
+///   stellatrain::sparse_buffer<stellatrain::bf16> sel(/*dense_size=*/1 << 20,
+///   /*capacity=*/10'000); sel.resize(2); sel.indices()[0] = 5;  sel.values()[0] =
+///   stellatrain::bf16{1.5f}; auto view = sel.view();  // sparse_view<const bf16, const
+///   std::uint32_t>
 /// \endcode
 template <class Value, class Index = std::uint32_t>
 class sparse_buffer {
@@ -184,12 +189,22 @@ class sparse_buffer {
     *this = std::move(bigger);
   }
 
-  [[nodiscard]] std::span<Index> indices() noexcept { return {indices_.data(), static_cast<std::size_t>(size_)}; }
-  [[nodiscard]] std::span<Value> values() noexcept { return {values_.data(), static_cast<std::size_t>(size_)}; }
-  [[nodiscard]] std::span<const Index> indices() const noexcept { return {indices_.data(), static_cast<std::size_t>(size_)}; }
-  [[nodiscard]] std::span<const Value> values() const noexcept { return {values_.data(), static_cast<std::size_t>(size_)}; }
+  [[nodiscard]] std::span<Index> indices() noexcept {
+    return {indices_.data(), static_cast<std::size_t>(size_)};
+  }
+  [[nodiscard]] std::span<Value> values() noexcept {
+    return {values_.data(), static_cast<std::size_t>(size_)};
+  }
+  [[nodiscard]] std::span<const Index> indices() const noexcept {
+    return {indices_.data(), static_cast<std::size_t>(size_)};
+  }
+  [[nodiscard]] std::span<const Value> values() const noexcept {
+    return {values_.data(), static_cast<std::size_t>(size_)};
+  }
 
-  [[nodiscard]] sparse_view<Value, Index> view() noexcept { return {indices(), values(), dense_size_}; }
+  [[nodiscard]] sparse_view<Value, Index> view() noexcept {
+    return {indices(), values(), dense_size_};
+  }
   [[nodiscard]] sparse_view<const Value, const Index> view() const noexcept {
     return {indices(), values(), dense_size_};
   }

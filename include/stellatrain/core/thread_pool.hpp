@@ -4,9 +4,9 @@
 #pragma once
 
 #include <stellatrain/config.hpp>
+#include <stellatrain/core/detail/cpu_relax.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
-#include <stellatrain/core/detail/cpu_relax.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -45,7 +45,8 @@ bool poll_for(std::chrono::microseconds spin, Ready&& ready) noexcept {
 
 // Polls `ready()` for up to `spin`, and on while `awake` is not 0; returns whether it held.
 template <class Ready>
-bool poll_while_awake(std::chrono::microseconds spin, const std::atomic<std::size_t>& awake, Ready&& ready) noexcept {
+bool poll_while_awake(std::chrono::microseconds spin, const std::atomic<std::size_t>& awake,
+                      Ready&& ready) noexcept {
   while (!poll_for(spin, ready)) {
     if (awake.load(std::memory_order_relaxed) == 0) return false;
   }
@@ -86,7 +87,8 @@ struct bulk_state {
   // has returned.
   void wait(std::chrono::microseconds spin, const std::atomic<std::size_t>& awake) noexcept {
     auto finished = [this] { return done.load(std::memory_order_acquire) == count; };
-    if ((spin.count() > 0 || awake.load(std::memory_order_relaxed) > 0) && poll_while_awake(spin, awake, finished)) {
+    if ((spin.count() > 0 || awake.load(std::memory_order_relaxed) > 0) &&
+        poll_while_awake(spin, awake, finished)) {
       return;
     }
     for (std::size_t d = done.load(std::memory_order_acquire); d != count;
@@ -215,10 +217,14 @@ class thread_pool {
   }
 
   /// Number of guards of `stay_awake` that keep the pool awake now.
-  [[nodiscard]] std::size_t awake_guards() const noexcept { return awake_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t awake_guards() const noexcept {
+    return awake_.load(std::memory_order_relaxed);
+  }
 
   /// Number of workers polling for work now: at most `threads() - 1` (1 in a pool of one).
-  [[nodiscard]] std::size_t polling_workers() const noexcept { return pollers_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t polling_workers() const noexcept {
+    return pollers_.load(std::memory_order_relaxed);
+  }
 
   /// Calls `f(i)` for every `i` in `[0, n)` and returns when all calls returned; rethrows the
   /// first exception (calls not yet started when it was thrown are skipped).
@@ -229,7 +235,6 @@ class thread_pool {
     run_bulk(n, const_cast<void*>(static_cast<const void*>(std::addressof(f))),
              [](void* p, std::size_t i) { (*static_cast<fn_type*>(p))(i); });
   }
-
 
   /// Runs `f()` on a worker; the future holds its result or its exception.
   template <class F>
@@ -290,7 +295,8 @@ class thread_pool {
   void work(std::stop_token stop) {
     bool after_task = false;
     for (;;) {
-      if (after_task && (spin_.count() > 0 || awake_.load(std::memory_order_relaxed) > 0)) poll(stop);
+      if (after_task && (spin_.count() > 0 || awake_.load(std::memory_order_relaxed) > 0))
+        poll(stop);
       std::function<void()> task;
       {
         std::unique_lock lock(mutex_);
@@ -313,7 +319,9 @@ class thread_pool {
       if (pollers >= max_pollers_) return;
     } while (!pollers_.compare_exchange_weak(pollers, pollers + 1, std::memory_order_relaxed));
     polling_.fetch_add(1);
-    const auto ready = [&] { return queued_.load(std::memory_order_acquire) != 0 || stop.stop_requested(); };
+    const auto ready = [&] {
+      return queued_.load(std::memory_order_acquire) != 0 || stop.stop_requested();
+    };
     detail::poll_while_awake(spin_, awake_, ready);
     std::size_t polling = polling_.load();
     while (polling > 0 && !polling_.compare_exchange_weak(polling, polling - 1)) {
@@ -333,7 +341,7 @@ class thread_pool {
   std::atomic<std::size_t> polling_{0};  // workers polling `queued_`; every access seq_cst
   std::atomic<std::size_t> awake_{0};    // live guards of stay_awake
   std::atomic<std::size_t> pollers_{0};  // workers inside poll(), at most max_pollers_
-  std::vector<std::jthread> workers_;  // last: joined before the queue is destroyed
+  std::vector<std::jthread> workers_;    // last: joined before the queue is destroyed
 };
 
 static_assert(task_executor<thread_pool>);

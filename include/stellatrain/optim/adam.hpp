@@ -69,20 +69,21 @@ enum class weight_decay_mode : std::uint8_t {
 /// For AdamW set `.decay = weight_decay_mode::decoupled` (PyTorch's AdamW default weight
 /// decay is 1e-2: `adamw_defaults`).
 struct adam_options {
-  float lr = 1e-3f;          ///< learning rate, >= 0
-  float beta1 = 0.9f;        ///< first-moment decay, in [0, 1)
-  float beta2 = 0.999f;      ///< second-moment decay, in [0, 1)
-  float eps = 1e-8f;         ///< added to the bias-corrected sqrt(v), >= 0
-  float weight_decay = 0.0f; ///< >= 0
+  float lr = 1e-3f;           ///< learning rate, >= 0
+  float beta1 = 0.9f;         ///< first-moment decay, in [0, 1)
+  float beta2 = 0.999f;       ///< second-moment decay, in [0, 1)
+  float eps = 1e-8f;          ///< added to the bias-corrected sqrt(v), >= 0
+  float weight_decay = 0.0f;  ///< >= 0
   weight_decay_mode decay = weight_decay_mode::l2;
-  bool amsgrad = false;      ///< keep the per-element maximum of v and divide by its root
-  bool maximize = false;     ///< ascend instead of descend
+  bool amsgrad = false;   ///< keep the per-element maximum of v and divide by its root
+  bool maximize = false;  ///< ascend instead of descend
   step_count step_mode = step_count::per_tensor;  ///< step used by sparse bias correction
   nonfinite_policy nonfinite = nonfinite_policy::skip_elements;
 };
 
 /// PyTorch's AdamW defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2.
-inline constexpr adam_options adamw_defaults{.weight_decay = 1e-2f, .decay = weight_decay_mode::decoupled};
+inline constexpr adam_options adamw_defaults{.weight_decay = 1e-2f,
+                                             .decay = weight_decay_mode::decoupled};
 
 /// Adam / AdamW / AMSGrad on fp32 master parameters that the optimizer owns.
 ///
@@ -121,7 +122,8 @@ inline constexpr adam_options adamw_defaults{.weight_decay = 1e-2f, .decay = wei
 ///   auto t = opt.add_tensor(w.span(), pool);
 ///   std::vector<float> g(w.size(), 0.01f);
 ///   std::vector<stellatrain::bf16> upload(w.size());
-///   opt.step(t, std::span<const float>(g), pool, stellatrain::param_copy<stellatrain::bf16>{upload});
+///   opt.step(t, std::span<const float>(g), pool,
+///   stellatrain::param_copy<stellatrain::bf16>{upload});
 /// \endcode
 class adam_optimizer : public detail::optimizer_base<adam_optimizer> {
  public:
@@ -146,7 +148,9 @@ class adam_optimizer : public detail::optimizer_base<adam_optimizer> {
   /// Second moment v of tensor `t`.
   [[nodiscard]] std::span<const float> exp_avg_sq(std::size_t t) const { return state_array(t, 1); }
   /// Per-element maximum of v (empty unless amsgrad).
-  [[nodiscard]] std::span<const float> max_exp_avg_sq(std::size_t t) const { return state_array(t, 2); }
+  [[nodiscard]] std::span<const float> max_exp_avg_sq(std::size_t t) const {
+    return state_array(t, 2);
+  }
 
   // Used by the step driver.
   template <class F>
@@ -155,7 +159,8 @@ class adam_optimizer : public detail::optimizer_base<adam_optimizer> {
     detail::adam_scalars s;
     s.sign = o.maximize ? -1.0f : 1.0f;
     s.weight_decay = o.weight_decay;
-    s.decay = static_cast<float>(1.0 - static_cast<double>(o.lr) * static_cast<double>(o.weight_decay));
+    s.decay =
+        static_cast<float>(1.0 - static_cast<double>(o.lr) * static_cast<double>(o.weight_decay));
     s.beta1 = o.beta1;
     s.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(o.beta1));
     s.beta2 = o.beta2;
@@ -169,13 +174,13 @@ class adam_optimizer : public detail::optimizer_base<adam_optimizer> {
     const bool decoupled = wd && o.decay == weight_decay_mode::decoupled;
     auto run = [&]<bool A, bool C, bool D>() { f(detail::adam_rule<A, C, D>{s, o.lr, &table_}); };
     if (o.amsgrad) {
-      coupled ? run.template operator()<true, true, false>()
-              : decoupled ? run.template operator()<true, false, true>()
-                          : run.template operator()<true, false, false>();
+      coupled     ? run.template operator()<true, true, false>()
+      : decoupled ? run.template operator()<true, false, true>()
+                  : run.template operator()<true, false, false>();
     } else {
-      coupled ? run.template operator()<false, true, false>()
-              : decoupled ? run.template operator()<false, false, true>()
-                          : run.template operator()<false, false, false>();
+      coupled     ? run.template operator()<false, true, false>()
+      : decoupled ? run.template operator()<false, false, true>()
+                  : run.template operator()<false, false, false>();
     }
   }
 
@@ -185,15 +190,17 @@ class adam_optimizer : public detail::optimizer_base<adam_optimizer> {
   void restore(std::span<const std::byte> bytes) {
     adam_options restored = options_;
     detail::adam_bias_table table;
-    detail::load_state(bytes, identity(), registry_, arrays_mask(), [&](const std::array<float, 8>& h) {
-      restored.lr = h[0];
-      restored.beta1 = h[1];
-      restored.beta2 = h[2];
-      restored.eps = h[3];
-      restored.weight_decay = h[4];
-      restored = validated(restored);
-      if (restored.step_mode == step_count::per_element) table = detail::adam_bias_table(restored.beta1, restored.beta2);
-    });
+    detail::load_state(bytes, identity(), registry_, arrays_mask(),
+                       [&](const std::array<float, 8>& h) {
+                         restored.lr = h[0];
+                         restored.beta1 = h[1];
+                         restored.beta2 = h[2];
+                         restored.eps = h[3];
+                         restored.weight_decay = h[4];
+                         restored = validated(restored);
+                         if (restored.step_mode == step_count::per_element)
+                           table = detail::adam_bias_table(restored.beta1, restored.beta2);
+                       });
     options_ = restored;
     table_ = std::move(table);
   }
@@ -206,11 +213,17 @@ class adam_optimizer : public detail::optimizer_base<adam_optimizer> {
   }
 
   static adam_options validated(const adam_options& o) {
-    auto bad = [](const std::string& what) { throw_error(errc::invalid_argument, "adam: " + what); };
-    if (!(std::isfinite(o.lr) && o.lr >= 0.0f)) bad("lr must be finite and >= 0, got " + std::to_string(o.lr));
-    if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f)) bad("beta1 must be in [0, 1), got " + std::to_string(o.beta1));
-    if (!(o.beta2 >= 0.0f && o.beta2 < 1.0f)) bad("beta2 must be in [0, 1), got " + std::to_string(o.beta2));
-    if (!(std::isfinite(o.eps) && o.eps >= 0.0f)) bad("eps must be finite and >= 0, got " + std::to_string(o.eps));
+    auto bad = [](const std::string& what) {
+      throw_error(errc::invalid_argument, "adam: " + what);
+    };
+    if (!(std::isfinite(o.lr) && o.lr >= 0.0f))
+      bad("lr must be finite and >= 0, got " + std::to_string(o.lr));
+    if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f))
+      bad("beta1 must be in [0, 1), got " + std::to_string(o.beta1));
+    if (!(o.beta2 >= 0.0f && o.beta2 < 1.0f))
+      bad("beta2 must be in [0, 1), got " + std::to_string(o.beta2));
+    if (!(std::isfinite(o.eps) && o.eps >= 0.0f))
+      bad("eps must be finite and >= 0, got " + std::to_string(o.eps));
     if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0f)) {
       bad("weight_decay must be finite and >= 0, got " + std::to_string(o.weight_decay));
     }
@@ -234,7 +247,8 @@ class adam_optimizer : public detail::optimizer_base<adam_optimizer> {
   }
   [[nodiscard]] detail::state_identity identity() const noexcept {
     const auto& o = options_;
-    return {optimizer_kind::adam, flags(), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, 0, 0, 0}};
+    return {
+        optimizer_kind::adam, flags(), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, 0, 0, 0}};
   }
 
   adam_options options_;

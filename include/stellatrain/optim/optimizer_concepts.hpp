@@ -30,10 +30,9 @@ namespace stellatrain {
 ///   struct plain_sgd {
 ///     float lr = 0.1f;
 ///     std::vector<std::vector<float>> p;
-///     std::size_t add_tensor(std::span<const float> x) { p.emplace_back(x.begin(), x.end()); return p.size() - 1; }
-///     std::size_t tensor_count() const { return p.size(); }
-///     std::span<const float> params(std::size_t t) const { return p[t]; }
-///     template <stellatrain::executor E>
+///     std::size_t add_tensor(std::span<const float> x) { p.emplace_back(x.begin(), x.end());
+///     return p.size() - 1; } std::size_t tensor_count() const { return p.size(); } std::span<const
+///     float> params(std::size_t t) const { return p[t]; } template <stellatrain::executor E>
 ///     stellatrain::step_report step(std::size_t t, std::span<const float> g, E&) {
 ///       for (std::size_t i = 0; i < g.size(); ++i) p[t][i] -= lr * g[i];
 ///       return {.updated = g.size()};
@@ -55,12 +54,11 @@ concept dense_optimizer = requires(O& o, const O& co, std::size_t t, std::span<c
 /// `s` whose `dense_size()` is the tensor's size and whose indices are sorted, updating the
 /// touched elements only (the "lazy" semantics the model documents).
 template <class O>
-concept sparse_optimizer =
-    dense_optimizer<O> &&
+concept sparse_optimizer = dense_optimizer<O> &&
     requires(O& o, std::size_t t, const sparse_view<const float, const std::uint32_t>& s32,
              const sparse_view<const float, const std::uint64_t>& s64, inline_executor& ex) {
-      { o.step(t, s32, ex) } -> std::same_as<step_report>;
-      { o.step(t, s64, ex) } -> std::same_as<step_report>;
-    };
+  { o.step(t, s32, ex) } -> std::same_as<step_report>;
+  { o.step(t, s64, ex) } -> std::same_as<step_report>;
+};
 
 }  // namespace stellatrain

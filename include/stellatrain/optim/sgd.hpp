@@ -39,7 +39,8 @@ struct sgd_rule {
   bool first_step = false;  // the tensor's first step (per-tensor counting)
 
   template <class T>
-  STELLATRAIN_FORCE_INLINE void apply(T& p, T g, T& buf, T&, T&, const sgd_coeffs<T>& c) const noexcept {
+  STELLATRAIN_FORCE_INLINE void apply(T& p, T g, T& buf, T&, T&,
+                                      const sgd_coeffs<T>& c) const noexcept {
     sgd_update<Momentum, Nesterov, WeightDecay>(p, g, buf, first_step, c);
   }
   // `earlier_steps`: how many steps touched this element before this one.
@@ -54,13 +55,13 @@ struct sgd_rule {
 
 /// Options of `sgd_optimizer`, with PyTorch's meaning (`torch.optim.SGD`).
 struct sgd_options {
-  float lr = 1e-2f;            ///< learning rate, >= 0
-  float momentum = 0.0f;       ///< >= 0; 0 keeps no momentum buffer
-  float dampening = 0.0f;      ///< in [0, 1]; must be 0 with nesterov
-  float weight_decay = 0.0f;   ///< L2 penalty added to the gradient, >= 0
-  bool nesterov = false;       ///< Nesterov momentum (needs momentum > 0, dampening 0)
-  bool maximize = false;       ///< ascend instead of descend
-  step_count step_mode = step_count::per_tensor;           ///< sparse first-step rule
+  float lr = 1e-2f;           ///< learning rate, >= 0
+  float momentum = 0.0f;      ///< >= 0; 0 keeps no momentum buffer
+  float dampening = 0.0f;     ///< in [0, 1]; must be 0 with nesterov
+  float weight_decay = 0.0f;  ///< L2 penalty added to the gradient, >= 0
+  bool nesterov = false;      ///< Nesterov momentum (needs momentum > 0, dampening 0)
+  bool maximize = false;      ///< ascend instead of descend
+  step_count step_mode = step_count::per_tensor;  ///< sparse first-step rule
   nonfinite_policy nonfinite = nonfinite_policy::skip_elements;
 };
 
@@ -121,7 +122,9 @@ class sgd_optimizer : public detail::optimizer_base<sgd_optimizer> {
   }
 
   /// The momentum buffer of tensor `t` (empty when momentum is 0).
-  [[nodiscard]] std::span<const float> momentum_buffer(std::size_t t) const { return state_array(t, 0); }
+  [[nodiscard]] std::span<const float> momentum_buffer(std::size_t t) const {
+    return state_array(t, 0);
+  }
 
   // Used by the step driver.
   template <class F>
@@ -136,11 +139,14 @@ class sgd_optimizer : public detail::optimizer_base<sgd_optimizer> {
     const bool wd = options_.weight_decay != 0.0f;
     auto run = [&]<bool M, bool N, bool W>() { f(detail::sgd_rule<M, N, W>{s, first}); };
     if (options_.momentum == 0.0f) {
-      wd ? run.template operator()<false, false, true>() : run.template operator()<false, false, false>();
+      wd ? run.template operator()<false, false, true>()
+         : run.template operator()<false, false, false>();
     } else if (options_.nesterov) {
-      wd ? run.template operator()<true, true, true>() : run.template operator()<true, true, false>();
+      wd ? run.template operator()<true, true, true>()
+         : run.template operator()<true, true, false>();
     } else {
-      wd ? run.template operator()<true, false, true>() : run.template operator()<true, false, false>();
+      wd ? run.template operator()<true, false, true>()
+         : run.template operator()<true, false, false>();
     }
   }
 
@@ -149,19 +155,21 @@ class sgd_optimizer : public detail::optimizer_base<sgd_optimizer> {
 
   void restore(std::span<const std::byte> bytes) {
     sgd_options restored = options_;
-    detail::load_state(bytes, identity(), registry_, arrays_mask(), [&](const std::array<float, 8>& h) {
-      restored.lr = h[0];
-      restored.momentum = h[1];
-      restored.dampening = h[2];
-      restored.weight_decay = h[3];
-      restored = validated(restored);
-    });
+    detail::load_state(bytes, identity(), registry_, arrays_mask(),
+                       [&](const std::array<float, 8>& h) {
+                         restored.lr = h[0];
+                         restored.momentum = h[1];
+                         restored.dampening = h[2];
+                         restored.weight_decay = h[3];
+                         restored = validated(restored);
+                       });
     options_ = restored;
   }
 
   static sgd_options validated(const sgd_options& o) {
     auto bad = [](const std::string& what) { throw_error(errc::invalid_argument, "sgd: " + what); };
-    if (!(std::isfinite(o.lr) && o.lr >= 0.0f)) bad("lr must be finite and >= 0, got " + std::to_string(o.lr));
+    if (!(std::isfinite(o.lr) && o.lr >= 0.0f))
+      bad("lr must be finite and >= 0, got " + std::to_string(o.lr));
     if (!(std::isfinite(o.momentum) && o.momentum >= 0.0f)) {
       bad("momentum must be finite and >= 0, got " + std::to_string(o.momentum));
     }
@@ -193,8 +201,10 @@ class sgd_optimizer : public detail::optimizer_base<sgd_optimizer> {
     return m;
   }
   [[nodiscard]] detail::state_identity identity() const noexcept {
-    return {optimizer_kind::sgd, flags(),
-            {options_.lr, options_.momentum, options_.dampening, options_.weight_decay, 0, 0, 0, 0}};
+    return {
+        optimizer_kind::sgd,
+        flags(),
+        {options_.lr, options_.momentum, options_.dampening, options_.weight_decay, 0, 0, 0, 0}};
   }
 
   sgd_options options_;

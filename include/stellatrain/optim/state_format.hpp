@@ -53,7 +53,7 @@ enum class optimizer_kind : std::uint32_t { sgd = 1, adam = 2 };
 namespace optimizer_state_flags {
 inline constexpr std::uint32_t maximize = 1u << 0;
 inline constexpr std::uint32_t per_element_steps = 1u << 1;
-inline constexpr std::uint32_t sgd_momentum = 1u << 8;   ///< momentum != 0
+inline constexpr std::uint32_t sgd_momentum = 1u << 8;  ///< momentum != 0
 inline constexpr std::uint32_t sgd_nesterov = 1u << 9;
 inline constexpr std::uint32_t adam_amsgrad = 1u << 8;
 inline constexpr std::uint32_t adam_decoupled = 1u << 9;  ///< AdamW weight decay
@@ -78,7 +78,8 @@ namespace detail {
 
 inline constexpr state_kind optimizer_state_kind = state_kind::of("STELLOPT", 2);
 inline constexpr std::size_t state_array_count = 5;  // params, 3 state arrays, element steps
-inline constexpr std::string_view state_array_tags[state_array_count] = {"PARM", "MOM1", "MOM2", "MAX2", "ESTP"};
+inline constexpr std::string_view state_array_tags[state_array_count] = {"PARM", "MOM1", "MOM2",
+                                                                         "MAX2", "ESTP"};
 
 inline std::string_view state_kind_name(optimizer_kind k) {
   return k == optimizer_kind::sgd ? "sgd" : k == optimizer_kind::adam ? "adam" : "unknown";
@@ -143,7 +144,8 @@ inline auto state_records(state_identity id, const tensor_registry& reg, std::ui
           if (a == 4) {
             r.put_array(std::span<const std::uint32_t>(t.element_steps.data(), n));
           } else {
-            r.put_array(std::span<const float>(a == 0 ? t.params.data() : t.state[a - 1].data(), n));
+            r.put_array(
+                std::span<const float>(a == 0 ? t.params.data() : t.state[a - 1].data(), n));
           }
         });
       }
@@ -174,7 +176,8 @@ inline parsed_state parse_state(std::span<const std::byte> bytes) {
   const auto count = head.get<std::uint32_t>();
   head.finish();
   if (count > rd.remaining()) {
-    rd.malformed("claims " + std::to_string(count) + " tensors, " + std::to_string(rd.remaining()) + " records follow");
+    rd.malformed("claims " + std::to_string(count) + " tensors, " + std::to_string(rd.remaining()) +
+                 " records follow");
   }
   info.tensors.reserve(count);
   out.arrays.resize(count);
@@ -193,8 +196,8 @@ inline parsed_state parse_state(std::span<const std::byte> bytes) {
       if ((t.arrays & (1u << a)) == 0) continue;
       auto arr = rd.next(state_array_tags[a]);
       if (!arr.holds<float>(t.size) || arr.remaining() != t.size * 4) {
-        arr.fail("tensor " + std::to_string(ti) + " has " + std::to_string(t.size) + " elements, the array " +
-                 std::to_string(arr.remaining()) + " bytes");
+        arr.fail("tensor " + std::to_string(ti) + " has " + std::to_string(t.size) +
+                 " elements, the array " + std::to_string(arr.remaining()) + " bytes");
       }
       out.arrays[ti][a] = arr.get_bytes(t.size * 4);
     }
@@ -217,7 +220,8 @@ inline parsed_state parse_state(std::span<const std::byte> bytes) {
 ///   auto info = stellatrain::read_optimizer_state_info(bytes);
 ///   // info.kind, info.tensors[i].size, info.tensors[i].step ...
 /// \endcode
-[[nodiscard]] inline optimizer_state_info read_optimizer_state_info(std::span<const std::byte> bytes) {
+[[nodiscard]] inline optimizer_state_info read_optimizer_state_info(
+    std::span<const std::byte> bytes) {
   return detail::parse_state(bytes).info;
 }
 
@@ -233,15 +237,14 @@ void load_state(std::span<const std::byte> bytes, const state_identity& id, tens
   const optimizer_state_info& info = parsed.info;
   const std::string who = "optimizer state";
   if (info.kind != id.kind) {
-    throw_error(errc::invalid_argument, who + ": saved by an " + std::string(state_kind_name(info.kind)) +
-                                            " optimizer, loaded into " +
-                                            std::string(state_kind_name(id.kind)));
+    throw_error(errc::invalid_argument,
+                who + ": saved by an " + std::string(state_kind_name(info.kind)) +
+                    " optimizer, loaded into " + std::string(state_kind_name(id.kind)));
   }
   if (info.flags != id.flags) {
-    throw_error(errc::invalid_argument, who + ": saved with options [" +
-                                            describe_state_flags(info.kind, info.flags) +
-                                            "], this optimizer has [" +
-                                            describe_state_flags(id.kind, id.flags) + "]");
+    throw_error(errc::invalid_argument,
+                who + ": saved with options [" + describe_state_flags(info.kind, info.flags) +
+                    "], this optimizer has [" + describe_state_flags(id.kind, id.flags) + "]");
   }
   if (info.tensors.size() != reg.tensor_count()) {
     throw_error(errc::size_mismatch, who + ": holds " + std::to_string(info.tensors.size()) +
@@ -251,13 +254,14 @@ void load_state(std::span<const std::byte> bytes, const state_identity& id, tens
   for (std::size_t ti = 0; ti < info.tensors.size(); ++ti) {
     const auto& t = info.tensors[ti];
     if (t.size != reg.tensors()[ti].size) {
-      throw_error(errc::size_mismatch, who + ": tensor " + std::to_string(ti) + " has " +
-                                           std::to_string(t.size) + " elements, the registered tensor " +
-                                           std::to_string(reg.tensors()[ti].size));
+      throw_error(errc::size_mismatch,
+                  who + ": tensor " + std::to_string(ti) + " has " + std::to_string(t.size) +
+                      " elements, the registered tensor " + std::to_string(reg.tensors()[ti].size));
     }
     if (t.arrays != mask) {
-      throw_error(errc::invalid_argument, who + ": tensor " + std::to_string(ti) + " holds arrays " +
-                                              hex32(t.arrays) + ", the optimizer keeps " + hex32(mask));
+      throw_error(errc::invalid_argument, who + ": tensor " + std::to_string(ti) +
+                                              " holds arrays " + hex32(t.arrays) +
+                                              ", the optimizer keeps " + hex32(mask));
     }
   }
   accept(info.hyper_parameters);
@@ -270,7 +274,8 @@ void load_state(std::span<const std::byte> bytes, const state_identity& id, tens
       const auto src = parsed.arrays[ti][a];
       void* dst = a == 4 ? static_cast<void*>(t.element_steps.data())
                          : static_cast<void*>(a == 0 ? t.params.data() : t.state[a - 1].data());
-      copy_little_endian(static_cast<std::byte*>(dst), src.data(), static_cast<std::size_t>(t.size), 4);
+      copy_little_endian(static_cast<std::byte*>(dst), src.data(), static_cast<std::size_t>(t.size),
+                         4);
     }
   }
 }

@@ -4,10 +4,10 @@
 #pragma once
 
 #include <stellatrain/config.hpp>
+#include <stellatrain/core/detail/cpu_relax.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/sparse.hpp>
-#include <stellatrain/core/detail/cpu_relax.hpp>
 #include <stellatrain/pack/detail/merge_windows.hpp>
 
 #include <algorithm>
@@ -50,10 +50,12 @@ struct aggregate_options {
 /// and later hands over all n elements (4n bytes against 8 bytes per merged pair); measured on
 /// 25M-element tensors the two meet at roughly 20-30% (bench_pack: BM_pack_merge vs
 /// BM_pack_scatter_add). Past that, the optimizer's dense step is also as fast as its sparse one.
-[[nodiscard]] constexpr aggregate_kind choose_aggregate(std::uint64_t pairs, std::uint64_t dense_size,
+[[nodiscard]] constexpr aggregate_kind choose_aggregate(std::uint64_t pairs,
+                                                        std::uint64_t dense_size,
                                                         double dense_threshold) noexcept {
-  return static_cast<double>(pairs) >= dense_threshold * static_cast<double>(dense_size) ? aggregate_kind::dense
-                                                                                        : aggregate_kind::sparse;
+  return static_cast<double>(pairs) >= dense_threshold * static_cast<double>(dense_size)
+             ? aggregate_kind::dense
+             : aggregate_kind::sparse;
 }
 
 namespace detail {
@@ -90,8 +92,9 @@ inline constexpr std::uint64_t scatter_piece = std::uint64_t{1} << 16;
 /// \code
 ///   stellatrain::sparse_merger merger;
 ///   std::vector<stellatrain::sparse_view<const float, const std::uint32_t>> ranks = {...};
-///   stellatrain::sparse_buffer<float> sum(n, stellatrain::merge_capacity<float, std::uint32_t>(ranks));
-///   merger.merge<float, std::uint32_t>(ranks, sum, stellatrain::reduction::mean, pool);
+///   stellatrain::sparse_buffer<float> sum(n, stellatrain::merge_capacity<float,
+///   std::uint32_t>(ranks)); merger.merge<float, std::uint32_t>(ranks, sum,
+///   stellatrain::reduction::mean, pool);
 /// \endcode
 class sparse_merger {
  public:
@@ -99,8 +102,8 @@ class sparse_merger {
   /// `merge_capacity`). Throws `invalid_argument` for dense sizes that differ, an unsorted
   /// input or a small `out`, and `out_of_range` for an index not below the dense size.
   template <class V, class I, executor Executor>
-  void merge(std::span<const sparse_view<const V, const I>> inputs, sparse_buffer<float, I>& out, reduction op,
-             Executor& ex) {
+  void merge(std::span<const sparse_view<const V, const I>> inputs, sparse_buffer<float, I>& out,
+             reduction op, Executor& ex) {
     const std::uint64_t n = common_dense_size(inputs);
     std::uint64_t total = 0;
     std::size_t largest = 0;
@@ -116,8 +119,9 @@ class sparse_merger {
       }
     }
     if (out.capacity() < total) {
-      throw_error(errc::invalid_argument, "merge: output capacity " + std::to_string(out.capacity()) +
-                                              " is below the " + std::to_string(total) + " input pairs");
+      throw_error(errc::invalid_argument, "merge: output capacity " +
+                                              std::to_string(out.capacity()) + " is below the " +
+                                              std::to_string(total) + " input pairs");
     }
     out.set_dense_size(n);
     out.resize(0);
@@ -130,11 +134,13 @@ class sparse_merger {
     std::uint64_t chunks = 1;
     if (ex.concurrency() >= 2 && total >= 2 * detail::merge_chunk_pairs) {
       const std::uint64_t windows = last >= first ? (last - first) / detail::merge_window + 1 : 1;
-      chunks = std::clamp<std::uint64_t>(std::max(total / detail::merge_chunk_pairs, windows / (marked / 2)), 2,
-                                         detail::merge_max_chunks);
+      chunks = std::clamp<std::uint64_t>(
+          std::max(total / detail::merge_chunk_pairs, windows / (marked / 2)), 2,
+          detail::merge_max_chunks);
     }
     split_chunks(inputs, largest, chunks);
-    const std::size_t tasks = static_cast<std::size_t>(std::min<std::uint64_t>(ex.concurrency(), chunks));
+    const std::size_t tasks =
+        static_cast<std::size_t>(std::min<std::uint64_t>(ex.concurrency(), chunks));
     const std::size_t mark_slots = chunks == 1 ? 1 : tasks * marked;
     if (marks_.size() < mark_slots) marks_.resize(mark_slots);
     const std::size_t cut_rows = marked + 2;
@@ -144,8 +150,8 @@ class sparse_merger {
     float* const ov = out.values().data();
     if (chunks == 1) {
       // starts_'s first row serves as the heads (it ends equal to the second).
-      out.resize(detail::merge_windows<V, I>(inputs, starts_.data(), starts_.data() + w_count, cuts_.data(), n, scale,
-                                             marks_[0], oi, ov));
+      out.resize(detail::merge_windows<V, I>(inputs, starts_.data(), starts_.data() + w_count,
+                                             cuts_.data(), n, scale, marks_[0], oi, ov));
       return;
     }
     // Every chunk is written at its final place, which is known once the chunks before it have
@@ -159,7 +165,8 @@ class sparse_merger {
       ready_size_ = chunks + 1;
     }
     ready_[0].store(0, std::memory_order_relaxed);
-    for (std::uint64_t c = 1; c <= chunks; ++c) ready_[c].store(not_ready, std::memory_order_relaxed);
+    for (std::uint64_t c = 1; c <= chunks; ++c)
+      ready_[c].store(not_ready, std::memory_order_relaxed);
     std::atomic<std::uint64_t> next{0};
     ex.bulk(tasks, [&](std::size_t t) {
       detail::merge_marks* const marks = marks_.data() + t * marked;
@@ -187,11 +194,12 @@ class sparse_merger {
   /// inputs' dense size). Threaded over pieces of 65536 elements, each zeroed, summed into and
   /// scaled while it is in cache.
   template <class V, class I, executor Executor>
-  void scatter_add(std::span<const sparse_view<const V, const I>> inputs, std::span<float> dense, reduction op,
-                   Executor& ex) {
+  void scatter_add(std::span<const sparse_view<const V, const I>> inputs, std::span<float> dense,
+                   reduction op, Executor& ex) {
     const std::uint64_t n = common_dense_size(inputs);
     if (dense.size() != n) {
-      throw_error(errc::invalid_argument, "scatter_add: dense output of " + std::to_string(dense.size()) +
+      throw_error(errc::invalid_argument, "scatter_add: dense output of " +
+                                              std::to_string(dense.size()) +
                                               " elements for tensors of " + std::to_string(n));
     }
     const float scale = scale_of(op, inputs.size());
@@ -210,10 +218,12 @@ class sparse_merger {
         for (auto j = first; j < last; ++j) {
           const std::uint64_t x = idx[static_cast<std::size_t>(j)];
           outside |= (x - lo) >= (hi - lo);  // also catches x < lo (wraps)
-          d[lo + ((x - lo) & (detail::scatter_piece - 1))] += detail::value_as_float(val[static_cast<std::size_t>(j)]);
+          d[lo + ((x - lo) & (detail::scatter_piece - 1))] +=
+              detail::value_as_float(val[static_cast<std::size_t>(j)]);
         }
         if (outside) [[unlikely]] {
-          throw_error(errc::invalid_argument, "scatter_add: input " + std::to_string(w) + " is not sorted");
+          throw_error(errc::invalid_argument,
+                      "scatter_add: input " + std::to_string(w) + " is not sorted");
         }
       }
       if (scale != 1.0f) {
@@ -224,8 +234,8 @@ class sparse_merger {
       const auto idx = inputs[w].indices();
       if (!idx.empty() && static_cast<std::uint64_t>(idx.back()) >= n) {
         throw_error(errc::out_of_range, "scatter_add: input " + std::to_string(w) + ": index " +
-                                            std::to_string(idx.back()) + " is not below the tensor size " +
-                                            std::to_string(n));
+                                            std::to_string(idx.back()) +
+                                            " is not below the tensor size " + std::to_string(n));
       }
     }
   }
@@ -234,12 +244,14 @@ class sparse_merger {
   /// options.dense_threshold)`; a `dense` output of size 0 means "always merge". Returns what it
   /// did.
   template <class V, class I, executor Executor>
-  aggregate_kind aggregate(std::span<const sparse_view<const V, const I>> inputs, sparse_buffer<float, I>& sparse_out,
-                           std::span<float> dense_out, const aggregate_options& options, Executor& ex) {
+  aggregate_kind aggregate(std::span<const sparse_view<const V, const I>> inputs,
+                           sparse_buffer<float, I>& sparse_out, std::span<float> dense_out,
+                           const aggregate_options& options, Executor& ex) {
     const std::uint64_t n = common_dense_size(inputs);
     std::uint64_t total = 0;
     for (const auto& in : inputs) total += in.size();
-    if (!dense_out.empty() && choose_aggregate(total, n, options.dense_threshold) == aggregate_kind::dense) {
+    if (!dense_out.empty() &&
+        choose_aggregate(total, n, options.dense_threshold) == aggregate_kind::dense) {
       scatter_add(inputs, dense_out, options.op, ex);
       return aggregate_kind::dense;
     }
@@ -254,9 +266,10 @@ class sparse_merger {
     const std::uint64_t n = inputs[0].dense_size();
     for (std::size_t w = 1; w < inputs.size(); ++w) {
       if (inputs[w].dense_size() != n) {
-        throw_error(errc::invalid_argument, "aggregate: input " + std::to_string(w) + " has dense size " +
-                                                std::to_string(inputs[w].dense_size()) + ", input 0 has " +
-                                                std::to_string(n));
+        throw_error(errc::invalid_argument, "aggregate: input " + std::to_string(w) +
+                                                " has dense size " +
+                                                std::to_string(inputs[w].dense_size()) +
+                                                ", input 0 has " + std::to_string(n));
       }
     }
     return n;
@@ -275,17 +288,20 @@ class sparse_merger {
   // pair before a cut is below it and the pair at the cut is not, so a pair out of order lies
   // inside a chunk, where mark_window finds it.)
   template <class V, class I>
-  void split_chunks(std::span<const sparse_view<const V, const I>> inputs, std::size_t largest, std::uint64_t chunks) {
+  void split_chunks(std::span<const sparse_view<const V, const I>> inputs, std::size_t largest,
+                    std::uint64_t chunks) {
     const std::size_t w_count = inputs.size();
     starts_.assign((chunks + 1) * w_count, 0);
     for (std::size_t w = 0; w < w_count; ++w) starts_[chunks * w_count + w] = inputs[w].size();
     const auto big = inputs[largest].indices();
     for (std::uint64_t c = 1; c < chunks; ++c) {
-      const std::uint64_t at = static_cast<std::uint64_t>(big[c * big.size() / chunks]) & ~(detail::merge_window - 1);
+      const std::uint64_t at =
+          static_cast<std::uint64_t>(big[c * big.size() / chunks]) & ~(detail::merge_window - 1);
       for (std::size_t w = 0; w < w_count; ++w) {
         const auto idx = inputs[w].indices();
         const auto from = idx.begin() + static_cast<std::ptrdiff_t>(starts_[(c - 1) * w_count + w]);
-        const auto pos = static_cast<std::uint64_t>(std::lower_bound(from, idx.end(), at) - idx.begin());
+        const auto pos =
+            static_cast<std::uint64_t>(std::lower_bound(from, idx.end(), at) - idx.begin());
         starts_[c * w_count + w] = pos;
       }
     }
@@ -296,30 +312,34 @@ class sparse_merger {
   // writes the marked windows there; a chunk with more windows merges the rest in place and
   // publishes its end after them. Returns false, writing nothing, if a chunk before it failed.
   template <class V, class I>
-  bool merge_chunk(std::span<const sparse_view<const V, const I>> inputs, std::uint64_t c, detail::merge_marks* marks,
-                   std::uint64_t* cut, std::uint64_t n, float scale, I* oi, float* ov) {
+  bool merge_chunk(std::span<const sparse_view<const V, const I>> inputs, std::uint64_t c,
+                   detail::merge_marks* marks, std::uint64_t* cut, std::uint64_t n, float scale,
+                   I* oi, float* ov) {
     const std::size_t w_count = inputs.size();
     const std::uint64_t* const end = starts_.data() + (c + 1) * w_count;
     std::copy(end - w_count, end, cut);
     std::size_t j = 0;
     std::uint64_t count = 0;
     while (j < detail::merge_marked_windows &&
-           detail::mark_window<V, I>(inputs, cut + j * w_count, end, cut + (j + 1) * w_count, n, marks[j])) {
+           detail::mark_window<V, I>(inputs, cut + j * w_count, end, cut + (j + 1) * w_count, n,
+                                     marks[j])) {
       count += marks[j++].count;
     }
-    const bool whole = std::equal(cut + j * w_count, cut + (j + 1) * w_count, end);  // nothing left to mark
+    const bool whole =
+        std::equal(cut + j * w_count, cut + (j + 1) * w_count, end);  // nothing left to mark
     const std::uint64_t at = wait_ready(c);
     if (at == failed) return false;
     if (whole) ready_[c + 1].store(at + count, std::memory_order_release);
     std::uint64_t written = 0;
     for (std::size_t k = 0; k < j; ++k) {
-      detail::write_window<V, I>(inputs, cut + k * w_count, cut + (k + 1) * w_count, scale, marks[k], oi + at + written,
-                                 ov + at + written);
+      detail::write_window<V, I>(inputs, cut + k * w_count, cut + (k + 1) * w_count, scale,
+                                 marks[k], oi + at + written, ov + at + written);
       written += marks[k].count;
     }
     if (!whole) {
-      written += detail::merge_windows<V, I>(inputs, cut + j * w_count, end, cut + (j + 1) * w_count, n, scale, marks[0],
-                                             oi + at + written, ov + at + written);
+      written +=
+          detail::merge_windows<V, I>(inputs, cut + j * w_count, end, cut + (j + 1) * w_count, n,
+                                      scale, marks[0], oi + at + written, ov + at + written);
       ready_[c + 1].store(at + written, std::memory_order_release);
     }
     return true;
@@ -348,7 +368,8 @@ class sparse_merger {
 
 /// Capacity a `merge` output needs: the sum of the input sizes.
 template <class V, class I>
-[[nodiscard]] std::uint64_t merge_capacity(std::span<const sparse_view<const V, const I>> inputs) noexcept {
+[[nodiscard]] std::uint64_t merge_capacity(
+    std::span<const sparse_view<const V, const I>> inputs) noexcept {
   std::uint64_t total = 0;
   for (const auto& in : inputs) total += in.size();
   return total;

@@ -77,9 +77,12 @@ decltype(auto) with_indices(const packer_section& s, F&& f) {
 template <class F>
 decltype(auto) with_values(const packer_section& s, F&& f) {
   switch (s.source) {
-    case value_encoding::fp16: return f(static_cast<const fp16*>(s.values));
-    case value_encoding::bf16: return f(static_cast<const bf16*>(s.values));
-    case value_encoding::fp32: break;
+    case value_encoding::fp16:
+      return f(static_cast<const fp16*>(s.values));
+    case value_encoding::bf16:
+      return f(static_cast<const bf16*>(s.values));
+    case value_encoding::fp32:
+      break;
   }
   return f(static_cast<const float*>(s.values));
 }
@@ -141,7 +144,8 @@ class message_packer {
   /// Adds the selection of tensor `tensor` (indices strictly ascending, below
   /// `selection.dense_size()`).
   template <class V, class I>
-  void add(std::uint32_t tensor, sparse_view<const V, const I> selection, section_options options = {}) {
+  void add(std::uint32_t tensor, sparse_view<const V, const I> selection,
+           section_options options = {}) {
     static_assert(value_type<V> && index_type<I>);
     detail::packer_section s;
     s.tensor = tensor;
@@ -158,17 +162,20 @@ class message_packer {
       throw_error(errc::invalid_argument, "pack: tensor " + std::to_string(tensor) +
                                               ": random_k sections are added with add_random_k");
     }
-    if (static_cast<std::uint8_t>(options.indices) > static_cast<std::uint8_t>(index_encoding::random_k)) {
-      throw_error(errc::invalid_argument, "pack: tensor " + std::to_string(tensor) + ": unknown index encoding " +
-                                              std::to_string(static_cast<unsigned>(options.indices)));
+    if (static_cast<std::uint8_t>(options.indices) >
+        static_cast<std::uint8_t>(index_encoding::random_k)) {
+      throw_error(errc::invalid_argument,
+                  "pack: tensor " + std::to_string(tensor) + ": unknown index encoding " +
+                      std::to_string(static_cast<unsigned>(options.indices)));
     }
     push(s);
   }
 
   /// Same for a view of mutable elements.
   template <class V, class I>
-    requires(!std::is_const_v<V> && !std::is_const_v<I>)
-  void add(std::uint32_t tensor, sparse_view<V, I> selection, section_options options = {}) {
+  requires(!std::is_const_v<V> && !std::is_const_v<I>) void add(std::uint32_t tensor,
+                                                                sparse_view<V, I> selection,
+                                                                section_options options = {}) {
     add(tensor, sparse_view<const V, const I>(selection), options);
   }
 
@@ -176,8 +183,8 @@ class message_packer {
   /// values.size())` (core/random_indices.hpp), which the receiver regenerates, so only the
   /// key and the values travel. `values[j]` belongs to the j-th of those indices.
   template <class V>
-  void add_random_k(std::uint32_t tensor, random_key key, std::uint64_t dense_size, std::span<const V> values,
-                    value_encoding encoding = value_encoding::fp32) {
+  void add_random_k(std::uint32_t tensor, random_key key, std::uint64_t dense_size,
+                    std::span<const V> values, value_encoding encoding = value_encoding::fp32) {
     static_assert(value_type<V>);
     check_value_encoding(encoding);
     detail::packer_section s;
@@ -205,7 +212,8 @@ class message_packer {
       }
     }
     if (controls_.size() == wire::max_control_sections) {
-      throw_error(errc::invalid_argument, "pack: more than " + std::to_string(wire::max_control_sections) +
+      throw_error(errc::invalid_argument, "pack: more than " +
+                                              std::to_string(wire::max_control_sections) +
                                               " control sections in one message");
     }
     prepared_ = false;
@@ -225,7 +233,9 @@ class message_packer {
   }
 
   /// Bytes of the prepared message (0 before `prepare`).
-  [[nodiscard]] std::size_t message_bytes() const noexcept { return static_cast<std::size_t>(message_bytes_); }
+  [[nodiscard]] std::size_t message_bytes() const noexcept {
+    return static_cast<std::size_t>(message_bytes_);
+  }
 
   /// Checks the sections, encodes their indices (in parallel on `ex`), picks the encodings and
   /// returns the exact size of the message in bytes.
@@ -247,12 +257,14 @@ class message_packer {
     if (!prepared_) throw_error(errc::invalid_argument, "pack: write before prepare");
     if (out.size() < message_bytes_) {
       throw_error(errc::invalid_argument, "pack: output holds " + std::to_string(out.size()) +
-                                              " bytes, the message needs " + std::to_string(message_bytes_));
+                                              " bytes, the message needs " +
+                                              std::to_string(message_bytes_));
     }
     std::byte* const m = out.data();
     write_headers(m);
     write_payloads(m, ex);
-    detail::store_le<std::uint32_t>(m + message_bytes_ - wire::message_trailer_bytes, message_checksum(m));
+    detail::store_le<std::uint32_t>(m + message_bytes_ - wire::message_trailer_bytes,
+                                    message_checksum(m));
     return out.first(static_cast<std::size_t>(message_bytes_));
   }
 
@@ -267,7 +279,8 @@ class message_packer {
  private:
   static void check_value_encoding(value_encoding e) {
     if (value_bytes(e) == 0) {
-      throw_error(errc::invalid_argument, "pack: unknown value encoding " + std::to_string(static_cast<unsigned>(e)));
+      throw_error(errc::invalid_argument,
+                  "pack: unknown value encoding " + std::to_string(static_cast<unsigned>(e)));
     }
   }
 
@@ -277,7 +290,8 @@ class message_packer {
   }
 
   std::string where(std::size_t i) const {
-    return "pack: section " + std::to_string(i) + " (tensor " + std::to_string(sections_[i].tensor) + ")";
+    return "pack: section " + std::to_string(i) + " (tensor " +
+           std::to_string(sections_[i].tensor) + ")";
   }
 
   void check_sections() {
@@ -289,27 +303,32 @@ class message_packer {
       const auto& s = sections_[i];
       if (s.count > s.dense_size) {
         throw_error(errc::invalid_argument, where(i) + ": " + std::to_string(s.count) +
-                                                " pairs exceed the tensor size " + std::to_string(s.dense_size));
+                                                " pairs exceed the tensor size " +
+                                                std::to_string(s.dense_size));
       }
       if (s.requested == index_encoding::raw_u16 && s.dense_size > 65536) {
-        throw_error(errc::invalid_argument, where(i) + ": raw_u16 holds tensors of up to 65536 elements, not " +
-                                                std::to_string(s.dense_size));
+        throw_error(errc::invalid_argument,
+                    where(i) + ": raw_u16 holds tensors of up to 65536 elements, not " +
+                        std::to_string(s.dense_size));
       }
       if (s.requested == index_encoding::raw_u32 && s.dense_size > (std::uint64_t{1} << 32)) {
-        throw_error(errc::invalid_argument, where(i) + ": raw_u32 holds tensors of up to 2^32 elements, not " +
-                                                std::to_string(s.dense_size));
+        throw_error(errc::invalid_argument,
+                    where(i) + ": raw_u32 holds tensors of up to 2^32 elements, not " +
+                        std::to_string(s.dense_size));
       }
       ids_.push_back(s.tensor);
     }
     std::sort(ids_.begin(), ids_.end());
     const auto dup = std::adjacent_find(ids_.begin(), ids_.end());
     if (dup != ids_.end()) {
-      throw_error(errc::invalid_argument, "pack: tensor " + std::to_string(*dup) + " appears twice in one message");
+      throw_error(errc::invalid_argument,
+                  "pack: tensor " + std::to_string(*dup) + " appears twice in one message");
     }
   }
 
   [[nodiscard]] static bool encodes_bitpacked(const detail::packer_section& s) noexcept {
-    return s.requested == index_encoding::automatic || s.requested == index_encoding::delta_bitpacked;
+    return s.requested == index_encoding::automatic ||
+           s.requested == index_encoding::delta_bitpacked;
   }
 
   // Cuts every section with indices into chunks and reserves encoding scratch.
@@ -349,12 +368,14 @@ class message_packer {
       const auto& s = sections_[ch.section];
       detail::with_indices(s, [&](const auto* idx) {
         const auto* first = idx + ch.begin;
-        const std::uint64_t base = ch.begin == 0 ? 0 : static_cast<std::uint64_t>(idx[ch.begin - 1]) + 1;
+        const std::uint64_t base =
+            ch.begin == 0 ? 0 : static_cast<std::uint64_t>(idx[ch.begin - 1]) + 1;
         ch.out_of_range = static_cast<std::uint64_t>(first[ch.count - 1]) >= s.dense_size;
         if (encodes_bitpacked(s)) {
           const std::uint64_t c = k - s.first_chunk;
-          auto r = detail::encode_bitpacked_chunk(first, static_cast<std::size_t>(ch.count), base,
-                                                  scratch_.data() + s.scratch_offset + c * chunk_stride(s));
+          auto r = detail::encode_bitpacked_chunk(
+              first, static_cast<std::size_t>(ch.count), base,
+              scratch_.data() + s.scratch_offset + c * chunk_stride(s));
           ch.bitpacked_bytes = r.bytes;
           ch.varint_bytes = r.varint_bytes;
           ch.bad = r.bad_position;
@@ -418,14 +439,29 @@ class message_packer {
         }
       }
       switch (s.chosen) {
-        case index_encoding::raw_u16: s.index_bytes = 2 * k; break;
-        case index_encoding::raw_u32: s.index_bytes = 4 * k; break;
-        case index_encoding::raw_u64: s.index_bytes = 8 * k; break;
-        case index_encoding::bitmap: s.index_bytes = wire::bitmap_bytes(n); break;
-        case index_encoding::delta_bitpacked: s.index_bytes = bitpacked; break;
-        case index_encoding::delta_varint: s.index_bytes = varint; break;
-        case index_encoding::random_k: s.index_bytes = wire::random_k_payload_bytes; break;
-        case index_encoding::automatic: break;
+        case index_encoding::raw_u16:
+          s.index_bytes = 2 * k;
+          break;
+        case index_encoding::raw_u32:
+          s.index_bytes = 4 * k;
+          break;
+        case index_encoding::raw_u64:
+          s.index_bytes = 8 * k;
+          break;
+        case index_encoding::bitmap:
+          s.index_bytes = wire::bitmap_bytes(n);
+          break;
+        case index_encoding::delta_bitpacked:
+          s.index_bytes = bitpacked;
+          break;
+        case index_encoding::delta_varint:
+          s.index_bytes = varint;
+          break;
+        case index_encoding::random_k:
+          s.index_bytes = wire::random_k_payload_bytes;
+          break;
+        case index_encoding::automatic:
+          break;
       }
       // Offsets of the chunks after the directory.
       std::uint64_t data = 0;
@@ -445,7 +481,8 @@ class message_packer {
   }
 
   [[noreturn]] void report_disorder(std::size_t i, std::uint64_t j) const {
-    std::string what = where(i) + ": indices not strictly ascending at position " + std::to_string(j);
+    std::string what =
+        where(i) + ": indices not strictly ascending at position " + std::to_string(j);
     detail::with_indices(sections_[i], [&](const auto* idx) {
       what += " (" + std::to_string(idx[j - 1]) + " then " + std::to_string(idx[j]) + ")";
     });
@@ -458,8 +495,9 @@ class message_packer {
     std::uint64_t j = last_of_chunk;
     detail::with_indices(s, [&](const auto* idx) {
       while (j > 0 && static_cast<std::uint64_t>(idx[j - 1]) >= s.dense_size) --j;
-      throw_error(errc::out_of_range, where(i) + ": index " + std::to_string(idx[j]) + " at position " +
-                                          std::to_string(j) + " is not below the tensor size " +
+      throw_error(errc::out_of_range, where(i) + ": index " + std::to_string(idx[j]) +
+                                          " at position " + std::to_string(j) +
+                                          " is not below the tensor size " +
                                           std::to_string(s.dense_size));
     });
     throw_error(errc::out_of_range, where(i));
@@ -472,7 +510,8 @@ class message_packer {
     store_le<std::uint16_t>(m + wire::offset_flags, 0);
     store_le<std::uint32_t>(m + wire::offset_section_count,
                             static_cast<std::uint32_t>(sections_.size() + controls_.size()));
-    store_le<std::uint32_t>(m + wire::offset_header_bytes, static_cast<std::uint32_t>(wire::message_header_bytes));
+    store_le<std::uint32_t>(m + wire::offset_header_bytes,
+                            static_cast<std::uint32_t>(wire::message_header_bytes));
     store_le<std::uint64_t>(m + wire::offset_message_bytes, message_bytes_);
     store_le<std::uint64_t>(m + wire::offset_tag, tag_);
     for (const auto& s : sections_) {
@@ -480,7 +519,8 @@ class message_packer {
       store_le<std::uint32_t>(h + wire::offset_tensor, s.tensor);
       h[wire::offset_index_encoding] = static_cast<std::byte>(s.chosen);
       h[wire::offset_value_encoding] = static_cast<std::byte>(s.wire_values);
-      store_le<std::uint16_t>(h + wire::offset_section_kind, static_cast<std::uint16_t>(section_kind::tensor));
+      store_le<std::uint16_t>(h + wire::offset_section_kind,
+                              static_cast<std::uint16_t>(section_kind::tensor));
       store_le<std::uint64_t>(h + wire::offset_dense_size, s.dense_size);
       store_le<std::uint64_t>(h + wire::offset_count, s.count);
       store_le<std::uint64_t>(h + wire::offset_index_bytes, s.index_bytes);
@@ -490,7 +530,8 @@ class message_packer {
         store_le<std::uint64_t>(payload, s.key.seed);
         store_le<std::uint32_t>(payload + 8, s.key.step);
         store_le<std::uint32_t>(payload + 12, s.key.tensor);
-      } else if (s.chosen == index_encoding::delta_bitpacked || s.chosen == index_encoding::delta_varint) {
+      } else if (s.chosen == index_encoding::delta_bitpacked ||
+                 s.chosen == index_encoding::delta_varint) {
         detail::with_indices(s, [&](const auto* idx) {
           for (std::uint64_t c = 1; c < s.chunks; ++c) {
             const auto& ch = chunks_[s.first_chunk + c];
@@ -506,9 +547,11 @@ class message_packer {
       std::byte* h = m + c.offset;
       std::memset(h, 0, wire::section_header_bytes);
       store_le<std::uint32_t>(h + wire::offset_tensor, c.type);
-      store_le<std::uint16_t>(h + wire::offset_section_kind, static_cast<std::uint16_t>(section_kind::control));
+      store_le<std::uint16_t>(h + wire::offset_section_kind,
+                              static_cast<std::uint16_t>(section_kind::control));
       store_le<std::uint64_t>(h + wire::offset_index_bytes, c.payload.size());
-      if (!c.payload.empty()) std::memcpy(h + wire::section_header_bytes, c.payload.data(), c.payload.size());
+      if (!c.payload.empty())
+        std::memcpy(h + wire::section_header_bytes, c.payload.data(), c.payload.size());
     }
   }
 
@@ -522,8 +565,9 @@ class message_packer {
       const std::uint64_t value_chunks = wire::chunk_count(s.count);
       for (std::uint64_t c = 0; c < value_chunks; ++c) tasks_.push_back({i, c, false});
       if (s.chosen == index_encoding::bitmap) {
-        const std::uint64_t pieces = (wire::bitmap_bytes(s.dense_size) + detail::bitmap_piece_bytes - 1) /
-                                     detail::bitmap_piece_bytes;
+        const std::uint64_t pieces =
+            (wire::bitmap_bytes(s.dense_size) + detail::bitmap_piece_bytes - 1) /
+            detail::bitmap_piece_bytes;
         for (std::uint64_t p = 0; p < pieces; ++p) tasks_.push_back({i, p, true});
       }
     }
@@ -562,7 +606,8 @@ class message_packer {
       if (s.chosen == index_encoding::delta_bitpacked || s.chosen == index_encoding::delta_varint) {
         fixed = wire::directory_bytes(s.count);
       }
-      crc = crc32c({m + s.offset, static_cast<std::size_t>(wire::section_header_bytes + fixed)}, crc);
+      crc =
+          crc32c({m + s.offset, static_cast<std::size_t>(wire::section_header_bytes + fixed)}, crc);
       const std::size_t chunk_tasks = static_cast<std::size_t>(wire::chunk_count(s.count));
       std::size_t end = t + chunk_tasks;
       while (end < tasks_.size() && tasks_[end].section == i) ++end;  // its bitmap pieces
@@ -578,8 +623,9 @@ class message_packer {
   }
 
   // Writes the index bytes of chunk c and returns them (empty for bitmap and random_k sections).
-  std::span<const std::byte> write_index_chunk(const detail::packer_section& s, std::byte* payload, std::uint64_t c,
-                                               std::uint64_t begin, std::uint64_t count) const {
+  std::span<const std::byte> write_index_chunk(const detail::packer_section& s, std::byte* payload,
+                                               std::uint64_t c, std::uint64_t begin,
+                                               std::uint64_t count) const {
     const auto raw = [&](auto width) {
       using W = decltype(width);
       std::byte* const at = payload + sizeof(W) * begin;
@@ -596,29 +642,35 @@ class message_packer {
         std::byte* const at = payload + wire::directory_bytes(s.count) + ch.data_offset;
         std::uint64_t bytes = ch.bitpacked_bytes;
         if (s.chosen == index_encoding::delta_bitpacked) {
-          std::memcpy(at, scratch_.data() + s.scratch_offset + c * chunk_stride(s), static_cast<std::size_t>(bytes));
+          std::memcpy(at, scratch_.data() + s.scratch_offset + c * chunk_stride(s),
+                      static_cast<std::size_t>(bytes));
         } else {
           bytes = ch.varint_bytes;
           detail::with_indices(s, [&](const auto* idx) {
-            const std::uint64_t base = begin == 0 ? 0 : static_cast<std::uint64_t>(idx[begin - 1]) + 1;
+            const std::uint64_t base =
+                begin == 0 ? 0 : static_cast<std::uint64_t>(idx[begin - 1]) + 1;
             detail::encode_varint_chunk(idx + begin, static_cast<std::size_t>(count), base, at);
           });
         }
         return {at, static_cast<std::size_t>(bytes)};
       }
-      case index_encoding::raw_u16: return raw(std::uint16_t{});
-      case index_encoding::raw_u32: return raw(std::uint32_t{});
-      case index_encoding::raw_u64: return raw(std::uint64_t{});
+      case index_encoding::raw_u16:
+        return raw(std::uint16_t{});
+      case index_encoding::raw_u32:
+        return raw(std::uint32_t{});
+      case index_encoding::raw_u64:
+        return raw(std::uint64_t{});
       case index_encoding::bitmap:
       case index_encoding::random_k:
-      case index_encoding::automatic: break;
+      case index_encoding::automatic:
+        break;
     }
     return {};
   }
 
   // Writes piece `piece` of a bitmap and returns its bytes.
-  static std::span<const std::byte> write_bitmap_piece(const detail::packer_section& s, std::byte* bitmap,
-                                                       std::uint64_t piece) {
+  static std::span<const std::byte> write_bitmap_piece(const detail::packer_section& s,
+                                                       std::byte* bitmap, std::uint64_t piece) {
     const std::uint64_t total = wire::bitmap_bytes(s.dense_size);
     const std::uint64_t first = piece * detail::bitmap_piece_bytes;
     const std::uint64_t last = std::min(total, first + detail::bitmap_piece_bytes);

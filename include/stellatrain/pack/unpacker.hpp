@@ -41,10 +41,10 @@ struct section_info {
   std::uint64_t count = 0;       ///< (index, value) pairs: what `decode` writes
   index_encoding indices = index_encoding::automatic;
   value_encoding values = value_encoding::fp32;
-  random_key random{};             ///< the key of a random_k section (else zero)
-  std::uint64_t offset = 0;        ///< byte offset of the section header in the message
-  std::uint64_t index_bytes = 0;   ///< bytes of the index payload
-  std::uint64_t value_bytes = 0;   ///< bytes of the value payload
+  random_key random{};            ///< the key of a random_k section (else zero)
+  std::uint64_t offset = 0;       ///< byte offset of the section header in the message
+  std::uint64_t index_bytes = 0;  ///< bytes of the index payload
+  std::uint64_t value_bytes = 0;  ///< bytes of the value payload
 };
 
 /// One control section of a parsed message: a typed payload that is not a tensor
@@ -140,7 +140,8 @@ class message_unpacker {
   message_unpacker() = default;
 
   /// Registers every tensor of `tensors` (see `register_tensor`).
-  explicit message_unpacker(std::span<const tensor_info> tensors, unpack_options options = {}) : options_(options) {
+  explicit message_unpacker(std::span<const tensor_info> tensors, unpack_options options = {})
+      : options_(options) {
     for (const auto& t : tensors) register_tensor(t.id, t.size);
   }
 
@@ -150,7 +151,8 @@ class message_unpacker {
     const auto it = std::lower_bound(registry_.begin(), registry_.end(), id,
                                      [](const entry& e, std::uint32_t key) { return e.id < key; });
     if (it != registry_.end() && it->id == id) {
-      throw_error(errc::invalid_argument, "unpack: tensor " + std::to_string(id) + " registered twice");
+      throw_error(errc::invalid_argument,
+                  "unpack: tensor " + std::to_string(id) + " registered twice");
     }
     registry_.insert(it, entry{id, size, 0});
   }
@@ -162,7 +164,8 @@ class message_unpacker {
   void reserve_random_k(std::uint64_t dense_size) {
     const std::uint64_t words = sample_indices_workspace_words(dense_size);
     if (words > workspace_.size()) {
-      workspace_ = aligned_buffer<std::uint64_t>(static_cast<std::size_t>(words), {.prefault = true});
+      workspace_ =
+          aligned_buffer<std::uint64_t>(static_cast<std::size_t>(words), {.prefault = true});
     }
   }
 
@@ -247,11 +250,13 @@ class message_unpacker {
     message_ = {};
   }
 
-  [[noreturn]] static void fail_message(errc code, const std::string& what) { throw_error(code, "unpack: " + what); }
+  [[noreturn]] static void fail_message(errc code, const std::string& what) {
+    throw_error(code, "unpack: " + what);
+  }
 
   [[noreturn]] void fail_section(std::size_t i, errc code, const std::string& what) const {
-    throw_error(code, "unpack: section " + std::to_string(i) + " (tensor " + std::to_string(sections_[i].tensor) +
-                          "): " + what);
+    throw_error(code, "unpack: section " + std::to_string(i) + " (tensor " +
+                          std::to_string(sections_[i].tensor) + "): " + what);
   }
 
   static std::string hex(std::uint64_t v) {
@@ -266,27 +271,33 @@ class message_unpacker {
     const std::byte* m = message.data();
     constexpr std::uint64_t minimum = wire::message_header_bytes + wire::message_trailer_bytes;
     if (size < minimum) {
-      fail_message(errc::malformed_message, "truncated: " + std::to_string(size) + " bytes, shorter than the " +
-                                                std::to_string(minimum) + " bytes of header and checksum");
+      fail_message(errc::malformed_message,
+                   "truncated: " + std::to_string(size) + " bytes, shorter than the " +
+                       std::to_string(minimum) + " bytes of header and checksum");
     }
     if (size > options_.max_message_bytes) {
-      fail_message(errc::resource_exhausted, "message of " + std::to_string(size) + " bytes exceeds the limit of " +
+      fail_message(errc::resource_exhausted, "message of " + std::to_string(size) +
+                                                 " bytes exceeds the limit of " +
                                                  std::to_string(options_.max_message_bytes));
     }
     if (std::memcmp(m, wire::magic.data(), 4) != 0) {
-      fail_message(errc::malformed_message, "bad magic " + hex(detail::load_le<std::uint32_t>(m)) +
-                                                " (expected the bytes \"STPK\"): not a stellatrain message");
+      fail_message(errc::malformed_message,
+                   "bad magic " + hex(detail::load_le<std::uint32_t>(m)) +
+                       " (expected the bytes \"STPK\"): not a stellatrain message");
     }
     const auto version = detail::load_le<std::uint16_t>(m + wire::offset_version);
     if (version != wire::version) {
       fail_message(errc::version_mismatch, "format version " + std::to_string(version) +
-                                               ", this build reads version " + std::to_string(wire::version));
+                                               ", this build reads version " +
+                                               std::to_string(wire::version));
     }
     const auto flags = detail::load_le<std::uint16_t>(m + wire::offset_flags);
     if (flags != 0) fail_message(errc::unsupported, "unknown message flags " + hex(flags));
     const auto header_bytes = detail::load_le<std::uint32_t>(m + wire::offset_header_bytes);
     if (header_bytes != wire::message_header_bytes) {
-      fail_message(errc::malformed_message, "header size " + std::to_string(header_bytes) + ", version " + std::to_string(wire::version) + " has " +
+      fail_message(errc::malformed_message, "header size " + std::to_string(header_bytes) +
+                                                ", version " + std::to_string(wire::version) +
+                                                " has " +
                                                 std::to_string(wire::message_header_bytes));
     }
     const auto stated = detail::load_le<std::uint64_t>(m + wire::offset_message_bytes);
@@ -295,7 +306,8 @@ class message_unpacker {
                                                 " bytes, " + std::to_string(size) + " arrived");
     }
     if (stated < size) {
-      fail_message(errc::malformed_message, "oversized: " + std::to_string(size) + " bytes arrived, the header says " +
+      fail_message(errc::malformed_message, "oversized: " + std::to_string(size) +
+                                                " bytes arrived, the header says " +
                                                 std::to_string(stated));
     }
     info_.tag = detail::load_le<std::uint64_t>(m + wire::offset_tag);
@@ -307,9 +319,11 @@ class message_unpacker {
   }
 
   static void check_checksum(std::uint32_t computed, std::span<const std::byte> message) {
-    const std::uint32_t stored = detail::load_le<std::uint32_t>(message.data() + body_of(message).size());
+    const std::uint32_t stored =
+        detail::load_le<std::uint32_t>(message.data() + body_of(message).size());
     if (stored != computed) {
-      fail_message(errc::checksum_mismatch, "CRC-32C " + hex(computed) + " of the message does not match the stored " +
+      fail_message(errc::checksum_mismatch, "CRC-32C " + hex(computed) +
+                                                " of the message does not match the stored " +
                                                 hex(stored) + ": corrupted in transit");
     }
   }
@@ -323,16 +337,18 @@ class message_unpacker {
                                                 std::to_string(message.size()) + " bytes");
     }
     if (count > registry_.size() + wire::max_control_sections) {
-      fail_message(errc::invalid_argument, std::to_string(count) + " sections, but only " +
-                                               std::to_string(registry_.size()) + " tensors are registered (and " +
-                                               std::to_string(wire::max_control_sections) +
-                                               " control sections allowed)");
+      fail_message(errc::invalid_argument,
+                   std::to_string(count) + " sections, but only " +
+                       std::to_string(registry_.size()) + " tensors are registered (and " +
+                       std::to_string(wire::max_control_sections) + " control sections allowed)");
     }
     ++generation_;
     std::uint64_t offset = wire::message_header_bytes;
     for (std::uint64_t i = 0; i < count; ++i) {
       // Messages are built only on failure: the success path allocates nothing.
-      auto at = [&] { return "section " + std::to_string(i) + " at byte " + std::to_string(offset); };
+      auto at = [&] {
+        return "section " + std::to_string(i) + " at byte " + std::to_string(offset);
+      };
       if (end - offset < wire::section_header_bytes) {
         fail_message(errc::malformed_message, at() + ": header runs past the end of the message");
       }
@@ -356,40 +372,49 @@ class message_unpacker {
       }
       auto what = [&] { return at() + " (tensor " + std::to_string(s.tensor) + ")"; };
 
-      const auto it = std::lower_bound(registry_.begin(), registry_.end(), s.tensor,
-                                       [](const entry& e, std::uint32_t key) { return e.id < key; });
+      const auto it =
+          std::lower_bound(registry_.begin(), registry_.end(), s.tensor,
+                           [](const entry& e, std::uint32_t key) { return e.id < key; });
       if (it == registry_.end() || it->id != s.tensor) {
-        fail_message(errc::invalid_argument, what() + ": tensor " + std::to_string(s.tensor) + " is not registered");
+        fail_message(errc::invalid_argument,
+                     what() + ": tensor " + std::to_string(s.tensor) + " is not registered");
       }
-      if (it->seen == generation_) fail_message(errc::malformed_message, what() + ": the tensor appears twice");
+      if (it->seen == generation_)
+        fail_message(errc::malformed_message, what() + ": the tensor appears twice");
       it->seen = generation_;
       if (s.dense_size != it->size) {
         fail_message(errc::size_mismatch, what() + ": tensor size " + std::to_string(s.dense_size) +
                                               ", registered size " + std::to_string(it->size));
       }
       if (ie < 1 || ie > static_cast<std::uint8_t>(index_encoding::random_k)) {
-        fail_message(errc::malformed_message, what() + ": unknown index encoding " + std::to_string(ie));
+        fail_message(errc::malformed_message,
+                     what() + ": unknown index encoding " + std::to_string(ie));
       }
       if (ve < 1 || ve > static_cast<std::uint8_t>(value_encoding::bf16)) {
-        fail_message(errc::malformed_message, what() + ": unknown value encoding " + std::to_string(ve));
+        fail_message(errc::malformed_message,
+                     what() + ": unknown value encoding " + std::to_string(ve));
       }
       s.indices = static_cast<index_encoding>(ie);
       s.values = static_cast<value_encoding>(ve);
       if (s.count > s.dense_size) {
-        fail_message(errc::malformed_message, what() + ": " + std::to_string(s.count) + " pairs in a tensor of " +
+        fail_message(errc::malformed_message, what() + ": " + std::to_string(s.count) +
+                                                  " pairs in a tensor of " +
                                                   std::to_string(s.dense_size) + " elements");
       }
       const std::uint64_t vb = value_bytes(s.values);
       if (s.value_bytes % vb != 0 || s.value_bytes / vb != s.count) {
-        fail_message(errc::malformed_message, what() + ": value payload of " + std::to_string(s.value_bytes) +
-                                                  " bytes for " + std::to_string(s.count) + " " +
+        fail_message(errc::malformed_message, what() + ": value payload of " +
+                                                  std::to_string(s.value_bytes) + " bytes for " +
+                                                  std::to_string(s.count) + " " +
                                                   std::string(name_of(s.values)) + " values");
       }
       check_index_bytes(s, what);
       const std::uint64_t room = end - offset - wire::section_header_bytes;
       if (s.index_bytes > room || s.value_bytes > room - s.index_bytes) {
-        fail_message(errc::malformed_message, what() + ": payloads of " + std::to_string(s.index_bytes) + " + " +
-                                                  std::to_string(s.value_bytes) + " bytes run past the end of the message (" +
+        fail_message(errc::malformed_message, what() + ": payloads of " +
+                                                  std::to_string(s.index_bytes) + " + " +
+                                                  std::to_string(s.value_bytes) +
+                                                  " bytes run past the end of the message (" +
                                                   std::to_string(room) + " bytes left)");
       }
       if (s.indices == index_encoding::random_k) {
@@ -402,29 +427,34 @@ class message_unpacker {
       offset += wire::section_header_bytes + s.index_bytes + s.value_bytes;
     }
     if (offset != end) {
-      fail_message(errc::malformed_message, std::to_string(end - offset) + " unused bytes after the last section");
+      fail_message(errc::malformed_message,
+                   std::to_string(end - offset) + " unused bytes after the last section");
     }
   }
 
   // A control section whose header fields were read into `s` (its type in `s.tensor`, its
   // payload size in `s.index_bytes`); returns its size.
   template <class At>
-  std::uint64_t parse_control(const section_info& s, std::uint8_t ie, std::uint8_t ve, const std::byte* h,
-                              std::uint64_t left, const At& at) {
+  std::uint64_t parse_control(const section_info& s, std::uint8_t ie, std::uint8_t ve,
+                              const std::byte* h, std::uint64_t left, const At& at) {
     auto what = [&] { return at() + " (control type " + std::to_string(s.tensor) + ")"; };
     if (ie != 0 || ve != 0 || s.dense_size != 0 || s.count != 0 || s.value_bytes != 0) {
-      fail_message(errc::malformed_message, what() + ": a control section has no encodings, size, count or values");
+      fail_message(errc::malformed_message,
+                   what() + ": a control section has no encodings, size, count or values");
     }
     if (s.index_bytes > left - wire::section_header_bytes) {
-      fail_message(errc::malformed_message, what() + ": payload of " + std::to_string(s.index_bytes) +
-                                                " bytes runs past the end of the message (" +
-                                                std::to_string(left - wire::section_header_bytes) + " bytes left)");
+      fail_message(errc::malformed_message,
+                   what() + ": payload of " + std::to_string(s.index_bytes) +
+                       " bytes runs past the end of the message (" +
+                       std::to_string(left - wire::section_header_bytes) + " bytes left)");
     }
     for (const auto& c : controls_) {
-      if (c.type == s.tensor) fail_message(errc::malformed_message, what() + ": the control type appears twice");
+      if (c.type == s.tensor)
+        fail_message(errc::malformed_message, what() + ": the control type appears twice");
     }
     if (controls_.size() == wire::max_control_sections) {
-      fail_message(errc::malformed_message, what() + ": more than " + std::to_string(wire::max_control_sections) +
+      fail_message(errc::malformed_message, what() + ": more than " +
+                                                std::to_string(wire::max_control_sections) +
                                                 " control sections");
     }
     const auto bytes = static_cast<std::size_t>(s.index_bytes);
@@ -439,33 +469,40 @@ class message_unpacker {
     const std::uint64_t n = s.dense_size;
     auto expect = [&](std::uint64_t width) {
       if (s.index_bytes % width != 0 || s.index_bytes / width != k) {
-        fail_message(errc::malformed_message, what() + ": " + std::string(name_of(s.indices)) + " payload of " +
-                                                  std::to_string(s.index_bytes) + " bytes for " + std::to_string(k) +
-                                                  " indices");
+        fail_message(errc::malformed_message, what() + ": " + std::string(name_of(s.indices)) +
+                                                  " payload of " + std::to_string(s.index_bytes) +
+                                                  " bytes for " + std::to_string(k) + " indices");
       }
     };
     switch (s.indices) {
       case index_encoding::raw_u16:
-        if (n > 65536) fail_message(errc::malformed_message, what() + ": raw_u16 indices for a tensor of " + std::to_string(n) + " elements");
+        if (n > 65536)
+          fail_message(errc::malformed_message, what() + ": raw_u16 indices for a tensor of " +
+                                                    std::to_string(n) + " elements");
         expect(2);
         return;
       case index_encoding::raw_u32:
         if (n > (std::uint64_t{1} << 32)) {
-          fail_message(errc::malformed_message, what() + ": raw_u32 indices for a tensor of " + std::to_string(n) + " elements");
+          fail_message(errc::malformed_message, what() + ": raw_u32 indices for a tensor of " +
+                                                    std::to_string(n) + " elements");
         }
         expect(4);
         return;
-      case index_encoding::raw_u64: expect(8); return;
+      case index_encoding::raw_u64:
+        expect(8);
+        return;
       case index_encoding::bitmap:
         if (s.index_bytes != wire::bitmap_bytes(n)) {
-          fail_message(errc::malformed_message, what() + ": bitmap of " + std::to_string(s.index_bytes) +
-                                                    " bytes for a tensor of " + std::to_string(n) + " elements");
+          fail_message(errc::malformed_message,
+                       what() + ": bitmap of " + std::to_string(s.index_bytes) +
+                           " bytes for a tensor of " + std::to_string(n) + " elements");
         }
         return;
       case index_encoding::random_k:
         if (s.index_bytes != wire::random_k_payload_bytes) {
-          fail_message(errc::malformed_message, what() + ": random_k payload of " + std::to_string(s.index_bytes) +
-                                                    " bytes, not 16");
+          fail_message(
+              errc::malformed_message,
+              what() + ": random_k payload of " + std::to_string(s.index_bytes) + " bytes, not 16");
         }
         return;
       case index_encoding::delta_varint:
@@ -473,17 +510,21 @@ class message_unpacker {
         // At least the directory and one byte (varint) or one block header per chunk.
         if (k == 0 ? s.index_bytes != 0
                    : s.index_bytes < wire::directory_bytes(k) + wire::chunk_count(k) ||
-                         s.index_bytes - wire::directory_bytes(k) > 10 * k + wire::block_header_bytes * k) {
-          fail_message(errc::malformed_message, what() + ": " + std::string(name_of(s.indices)) + " payload of " +
-                                                    std::to_string(s.index_bytes) + " bytes cannot hold " +
-                                                    std::to_string(k) + " indices");
+                         s.index_bytes - wire::directory_bytes(k) >
+                             10 * k + wire::block_header_bytes * k) {
+          fail_message(errc::malformed_message, what() + ": " + std::string(name_of(s.indices)) +
+                                                    " payload of " + std::to_string(s.index_bytes) +
+                                                    " bytes cannot hold " + std::to_string(k) +
+                                                    " indices");
         }
         return;
-      case index_encoding::automatic: return;
+      case index_encoding::automatic:
+        return;
     }
   }
 
-  [[nodiscard]] const std::byte* payload(std::span<const std::byte> message, const section_info& s) const noexcept {
+  [[nodiscard]] const std::byte* payload(std::span<const std::byte> message,
+                                         const section_info& s) const noexcept {
     return message.data() + s.offset + wire::section_header_bytes;
   }
 
@@ -493,12 +534,17 @@ class message_unpacker {
     std::uint64_t first, last, base, next_base;
   };
 
-  [[nodiscard]] static chunk_span delta_chunk(const std::byte* index_payload, const section_info& s, std::uint64_t c) noexcept {
+  [[nodiscard]] static chunk_span delta_chunk(const std::byte* index_payload, const section_info& s,
+                                              std::uint64_t c) noexcept {
     const std::uint64_t chunks = wire::chunk_count(s.count);
     const std::uint64_t dir = wire::directory_bytes(s.count);
     const std::uint64_t data = s.index_bytes - dir;
-    auto entry_base = [&](std::uint64_t k) { return detail::load_le<std::uint64_t>(index_payload + (k - 1) * 16); };
-    auto entry_offset = [&](std::uint64_t k) { return detail::load_le<std::uint64_t>(index_payload + (k - 1) * 16 + 8); };
+    auto entry_base = [&](std::uint64_t k) {
+      return detail::load_le<std::uint64_t>(index_payload + (k - 1) * 16);
+    };
+    auto entry_offset = [&](std::uint64_t k) {
+      return detail::load_le<std::uint64_t>(index_payload + (k - 1) * 16 + 8);
+    };
     chunk_span r;
     r.first = c == 0 ? 0 : entry_offset(c);
     r.last = c + 1 < chunks ? entry_offset(c + 1) : data;
@@ -517,14 +563,16 @@ class message_unpacker {
       const std::uint64_t base = detail::load_le<std::uint64_t>(index_payload + (c - 1) * 16);
       const std::uint64_t off = detail::load_le<std::uint64_t>(index_payload + (c - 1) * 16 + 8);
       if (off <= prev_offset || off >= data) {
-        fail_section(i, errc::malformed_message, "directory entry " + std::to_string(c) + ": chunk offset " +
-                                                     std::to_string(off) + " not between " + std::to_string(prev_offset) +
-                                                     " and " + std::to_string(data) + " (exclusive)");
+        fail_section(i, errc::malformed_message,
+                     "directory entry " + std::to_string(c) + ": chunk offset " +
+                         std::to_string(off) + " not between " + std::to_string(prev_offset) +
+                         " and " + std::to_string(data) + " (exclusive)");
       }
       if (base - prev_base < wire::chunk_elements || base < prev_base || base > s.dense_size) {
-        fail_section(i, errc::malformed_message, "directory entry " + std::to_string(c) + ": chunk base index " +
-                                                     std::to_string(base) + " after " + std::to_string(prev_base) +
-                                                     " is impossible in a tensor of " + std::to_string(s.dense_size));
+        fail_section(i, errc::malformed_message,
+                     "directory entry " + std::to_string(c) + ": chunk base index " +
+                         std::to_string(base) + " after " + std::to_string(prev_base) +
+                         " is impossible in a tensor of " + std::to_string(s.dense_size));
       }
       prev_offset = off;
       prev_base = base;
@@ -549,10 +597,12 @@ class message_unpacker {
           }
           break;
         case index_encoding::bitmap:
-          for (std::uint64_t p = 0; p < bitmap_pieces(s); ++p) tasks_.push_back({static_cast<std::uint32_t>(i), 1, p});
+          for (std::uint64_t p = 0; p < bitmap_pieces(s); ++p)
+            tasks_.push_back({static_cast<std::uint32_t>(i), 1, p});
           break;
         case index_encoding::random_k:
-        case index_encoding::automatic: break;
+        case index_encoding::automatic:
+          break;
       }
     }
   }
@@ -578,7 +628,8 @@ class message_unpacker {
       const auto& s = sections_[job.section];
       const std::byte* p = payload(message, s);
       if (job.kind == 1) {
-        counts_[t] = detail::popcount_bytes(p + job.piece * piece_bytes, bitmap_piece_size(s, job.piece));
+        counts_[t] =
+            detail::popcount_bytes(p + job.piece * piece_bytes, bitmap_piece_size(s, job.piece));
         return;
       }
       if (!validate_chunk(s, p, job.piece, results_[t].failure)) results_[t].failed = true;
@@ -587,7 +638,8 @@ class message_unpacker {
     std::uint64_t bits = 0;
     for (std::size_t t = 0; t < tasks_.size(); ++t) {
       const auto& job = tasks_[t];
-      if (results_[t].failed) fail_section(job.section, results_[t].failure.code, results_[t].failure.what);
+      if (results_[t].failed)
+        fail_section(job.section, results_[t].failure.code, results_[t].failure.what);
       if (job.kind == 1) {
         bits += counts_[t];
         const auto& s = sections_[job.section];
@@ -604,7 +656,8 @@ class message_unpacker {
   [[nodiscard]] static std::uint64_t bitmap_pieces(const section_info& s) noexcept {
     return (s.index_bytes + piece_bytes - 1) / piece_bytes;
   }
-  [[nodiscard]] static std::size_t bitmap_piece_size(const section_info& s, std::uint64_t piece) noexcept {
+  [[nodiscard]] static std::size_t bitmap_piece_size(const section_info& s,
+                                                     std::uint64_t piece) noexcept {
     return static_cast<std::size_t>(std::min(piece_bytes, s.index_bytes - piece * piece_bytes));
   }
 
@@ -613,38 +666,50 @@ class message_unpacker {
     if (s.dense_size % 8 != 0) {
       const auto last = std::to_integer<unsigned>(bitmap[s.index_bytes - 1]);
       if ((last >> (s.dense_size % 8)) != 0) {
-        fail_section(i, errc::out_of_range, "bitmap bits set past the tensor size " + std::to_string(s.dense_size));
+        fail_section(i, errc::out_of_range,
+                     "bitmap bits set past the tensor size " + std::to_string(s.dense_size));
       }
     }
     if (bits != s.count) {
-      fail_section(i, errc::malformed_message, "bitmap holds " + std::to_string(bits) + " indices, the header says " +
-                                                   std::to_string(s.count));
+      fail_section(i, errc::malformed_message,
+                   "bitmap holds " + std::to_string(bits) + " indices, the header says " +
+                       std::to_string(s.count));
     }
   }
 
   // Validates chunk c of a raw or delta section.
-  static bool validate_chunk(const section_info& s, const std::byte* p, std::uint64_t c, detail::codec_failure& f) {
+  static bool validate_chunk(const section_info& s, const std::byte* p, std::uint64_t c,
+                             detail::codec_failure& f) {
     const std::uint64_t begin = c * wire::chunk_elements;
     const std::uint64_t count = std::min(wire::chunk_elements, s.count - begin);
     auto raw = [&](auto width) {
       using W = decltype(width);
-      const std::uint64_t base = begin == 0 ? 0 : static_cast<std::uint64_t>(detail::load_le<W>(p + (begin - 1) * sizeof(W))) + 1;
-      const std::uint64_t bad = detail::check_raw<W>(p + begin * sizeof(W), static_cast<std::size_t>(count), base, s.dense_size);
+      const std::uint64_t base =
+          begin == 0
+              ? 0
+              : static_cast<std::uint64_t>(detail::load_le<W>(p + (begin - 1) * sizeof(W))) + 1;
+      const std::uint64_t bad = detail::check_raw<W>(
+          p + begin * sizeof(W), static_cast<std::size_t>(count), base, s.dense_size);
       if (bad == detail::no_position) return true;
       const std::uint64_t j = begin + bad;
       const std::uint64_t x = detail::load_le<W>(p + j * sizeof(W));
       if (x >= s.dense_size) {
-        return detail::fail(f, errc::out_of_range, "index " + std::to_string(x) + " at position " + std::to_string(j) +
-                                                       " is not below the tensor size " + std::to_string(s.dense_size));
+        return detail::fail(f, errc::out_of_range,
+                            "index " + std::to_string(x) + " at position " + std::to_string(j) +
+                                " is not below the tensor size " + std::to_string(s.dense_size));
       }
-      return detail::fail(f, errc::malformed_message, "indices not strictly ascending at position " + std::to_string(j) +
-                                                          " (" + std::to_string(detail::load_le<W>(p + (j - 1) * sizeof(W))) +
-                                                          " then " + std::to_string(x) + ")");
+      return detail::fail(f, errc::malformed_message,
+                          "indices not strictly ascending at position " + std::to_string(j) + " (" +
+                              std::to_string(detail::load_le<W>(p + (j - 1) * sizeof(W))) +
+                              " then " + std::to_string(x) + ")");
     };
     switch (s.indices) {
-      case index_encoding::raw_u16: return raw(std::uint16_t{});
-      case index_encoding::raw_u32: return raw(std::uint32_t{});
-      case index_encoding::raw_u64: return raw(std::uint64_t{});
+      case index_encoding::raw_u16:
+        return raw(std::uint16_t{});
+      case index_encoding::raw_u32:
+        return raw(std::uint32_t{});
+      case index_encoding::raw_u64:
+        return raw(std::uint64_t{});
       case index_encoding::delta_bitpacked:
       case index_encoding::delta_varint: {
         const chunk_span span = delta_chunk(p, s, c);
@@ -653,30 +718,35 @@ class message_unpacker {
         const std::byte* end = data + span.last;
         std::uint64_t base = span.base;
         detail::codec_failure inner;
-        const bool ok = s.indices == index_encoding::delta_bitpacked
-                            ? detail::decode_bitpacked_chunk<void>(q, end, count, base, nullptr, inner)
-                            : detail::decode_varint_chunk<void>(q, end, count, base, nullptr, inner);
+        const bool ok =
+            s.indices == index_encoding::delta_bitpacked
+                ? detail::decode_bitpacked_chunk<void>(q, end, count, base, nullptr, inner)
+                : detail::decode_varint_chunk<void>(q, end, count, base, nullptr, inner);
         auto chunk = [&] { return "chunk " + std::to_string(c) + ": "; };
         if (!ok) return detail::fail(f, inner.code, chunk() + inner.what);
         if (q != end) {
-          return detail::fail(f, errc::malformed_message,
-                              chunk() + std::to_string(end - q) + " bytes left after its last index");
+          return detail::fail(
+              f, errc::malformed_message,
+              chunk() + std::to_string(end - q) + " bytes left after its last index");
         }
         const bool last_chunk = begin + count == s.count;
         if (last_chunk && base > s.dense_size) {
-          return detail::fail(f, errc::out_of_range, chunk() + "index " + std::to_string(base - 1) +
-                                                         " is not below the tensor size " + std::to_string(s.dense_size));
+          return detail::fail(f, errc::out_of_range,
+                              chunk() + "index " + std::to_string(base - 1) +
+                                  " is not below the tensor size " + std::to_string(s.dense_size));
         }
         if (!last_chunk && base != span.next_base) {
           return detail::fail(f, errc::malformed_message,
-                              chunk() + "ends at index " + std::to_string(base - 1) + ", but the directory starts the next chunk at " +
+                              chunk() + "ends at index " + std::to_string(base - 1) +
+                                  ", but the directory starts the next chunk at " +
                                   std::to_string(span.next_base));
         }
         return true;
       }
       case index_encoding::bitmap:
       case index_encoding::random_k:
-      case index_encoding::automatic: return true;
+      case index_encoding::automatic:
+        return true;
     }
     return true;
   }
@@ -684,17 +754,20 @@ class message_unpacker {
   template <class I>
   void check_output(std::size_t i, std::size_t index_room, std::size_t value_room) const {
     if (i >= sections_.size()) {
-      throw_error(errc::invalid_argument, "unpack: decode of section " + std::to_string(i) + ", the message has " +
+      throw_error(errc::invalid_argument, "unpack: decode of section " + std::to_string(i) +
+                                              ", the message has " +
                                               std::to_string(sections_.size()));
     }
     const auto& s = sections_[i];
     if (index_room < s.count || value_room < s.count) {
-      fail_section(i, errc::invalid_argument, "output holds " + std::to_string(std::min(index_room, value_room)) +
-                                                  " pairs, the section has " + std::to_string(s.count));
+      fail_section(i, errc::invalid_argument,
+                   "output holds " + std::to_string(std::min(index_room, value_room)) +
+                       " pairs, the section has " + std::to_string(s.count));
     }
     if (s.dense_size > 0 && s.dense_size - 1 > std::numeric_limits<I>::max()) {
-      fail_section(i, errc::out_of_range, "indices of a tensor of " + std::to_string(s.dense_size) +
-                                              " elements do not fit " + std::to_string(8 * sizeof(I)) + "-bit indices");
+      fail_section(i, errc::out_of_range,
+                   "indices of a tensor of " + std::to_string(s.dense_size) +
+                       " elements do not fit " + std::to_string(8 * sizeof(I)) + "-bit indices");
     }
   }
 
@@ -707,7 +780,8 @@ class message_unpacker {
     const std::uint64_t chunks = wire::chunk_count(s.count);
     if (s.indices == index_encoding::random_k && s.count > 0) {
       reserve_random_k(s.dense_size);
-      sample_sorted_indices<I>(s.random, s.dense_size, s.count, std::span<I>(indices, static_cast<std::size_t>(s.count)),
+      sample_sorted_indices<I>(s.random, s.dense_size, s.count,
+                               std::span<I>(indices, static_cast<std::size_t>(s.count)),
                                workspace_.span());
     }
     std::uint64_t pieces = 0;
@@ -718,33 +792,46 @@ class message_unpacker {
         counts_[t + 1] = detail::popcount_bytes(p + t * piece_bytes, bitmap_piece_size(s, t));
       });
       for (std::uint64_t t = 0; t < pieces; ++t) counts_[t + 1] += counts_[t];
-      if (counts_[pieces] != s.count) fail_section(i, errc::malformed_message, "the message changed after parse");
+      if (counts_[pieces] != s.count)
+        fail_section(i, errc::malformed_message, "the message changed after parse");
     }
     results_.assign(static_cast<std::size_t>(chunks), {});
     ex.bulk(static_cast<std::size_t>(chunks + pieces), [&](std::size_t t) {
       if (t >= chunks) {
         const std::uint64_t piece = t - chunks;
-        detail::decode_bitmap_range(p, piece * piece_bytes, piece * piece_bytes + bitmap_piece_size(s, piece),
+        detail::decode_bitmap_range(p, piece * piece_bytes,
+                                    piece * piece_bytes + bitmap_piece_size(s, piece),
                                     indices + counts_[piece]);
         return;
       }
       const std::uint64_t begin = t * wire::chunk_elements;
       const std::uint64_t count = std::min(wire::chunk_elements, s.count - begin);
-      if (!decode_index_chunk(s, p, t, begin, count, indices + begin, results_[t].failure)) results_[t].failed = true;
-      detail::decode_values(vp + begin * vb, static_cast<std::size_t>(count), s.values, values + begin);
+      if (!decode_index_chunk(s, p, t, begin, count, indices + begin, results_[t].failure))
+        results_[t].failed = true;
+      detail::decode_values(vp + begin * vb, static_cast<std::size_t>(count), s.values,
+                            values + begin);
     });
     for (std::size_t t = 0; t < chunks; ++t) {
-      if (results_[t].failed) fail_section(i, errc::malformed_message, "the message changed after parse: " + results_[t].failure.what);
+      if (results_[t].failed)
+        fail_section(i, errc::malformed_message,
+                     "the message changed after parse: " + results_[t].failure.what);
     }
   }
 
   template <class I>
-  static bool decode_index_chunk(const section_info& s, const std::byte* p, std::uint64_t c, std::uint64_t begin,
-                                 std::uint64_t count, I* out, detail::codec_failure& f) {
+  static bool decode_index_chunk(const section_info& s, const std::byte* p, std::uint64_t c,
+                                 std::uint64_t begin, std::uint64_t count, I* out,
+                                 detail::codec_failure& f) {
     switch (s.indices) {
-      case index_encoding::raw_u16: detail::decode_raw<std::uint16_t>(p + 2 * begin, static_cast<std::size_t>(count), out); return true;
-      case index_encoding::raw_u32: detail::decode_raw<std::uint32_t>(p + 4 * begin, static_cast<std::size_t>(count), out); return true;
-      case index_encoding::raw_u64: detail::decode_raw<std::uint64_t>(p + 8 * begin, static_cast<std::size_t>(count), out); return true;
+      case index_encoding::raw_u16:
+        detail::decode_raw<std::uint16_t>(p + 2 * begin, static_cast<std::size_t>(count), out);
+        return true;
+      case index_encoding::raw_u32:
+        detail::decode_raw<std::uint32_t>(p + 4 * begin, static_cast<std::size_t>(count), out);
+        return true;
+      case index_encoding::raw_u64:
+        detail::decode_raw<std::uint64_t>(p + 8 * begin, static_cast<std::size_t>(count), out);
+        return true;
       case index_encoding::delta_bitpacked:
       case index_encoding::delta_varint: {
         const chunk_span span = delta_chunk(p, s, c);
@@ -757,7 +844,8 @@ class message_unpacker {
       }
       case index_encoding::bitmap:
       case index_encoding::random_k:
-      case index_encoding::automatic: return true;
+      case index_encoding::automatic:
+        return true;
     }
     return true;
   }

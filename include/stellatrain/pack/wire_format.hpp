@@ -28,7 +28,8 @@ STELLATRAIN_FORCE_INLINE T load_le(const std::byte* p) noexcept {
   std::memcpy(&v, p, sizeof(T));
   if constexpr (std::endian::native == std::endian::big) {
     T r = 0;
-    for (std::size_t i = 0; i < sizeof(T); ++i) r = static_cast<T>((r << 8) | ((v >> (8 * i)) & 0xffu));
+    for (std::size_t i = 0; i < sizeof(T); ++i)
+      r = static_cast<T>((r << 8) | ((v >> (8 * i)) & 0xffu));
     v = r;
   }
   return v;
@@ -39,7 +40,8 @@ STELLATRAIN_FORCE_INLINE void store_le(std::byte* p, T v) noexcept {
   static_assert(std::is_unsigned_v<T>);
   if constexpr (std::endian::native == std::endian::big) {
     T r = 0;
-    for (std::size_t i = 0; i < sizeof(T); ++i) r = static_cast<T>((r << 8) | ((v >> (8 * i)) & 0xffu));
+    for (std::size_t i = 0; i < sizeof(T); ++i)
+      r = static_cast<T>((r << 8) | ((v >> (8 * i)) & 0xffu));
     v = r;
   }
   std::memcpy(p, &v, sizeof(T));
@@ -73,9 +75,11 @@ enum class value_encoding : std::uint8_t {
 /// Bytes per value of `e` on the wire; 0 for an id that is not a value encoding.
 [[nodiscard]] constexpr std::size_t value_bytes(value_encoding e) noexcept {
   switch (e) {
-    case value_encoding::fp32: return 4;
+    case value_encoding::fp32:
+      return 4;
     case value_encoding::fp16:
-    case value_encoding::bf16: return 2;
+    case value_encoding::bf16:
+      return 2;
   }
   return 0;
 }
@@ -87,14 +91,22 @@ inline constexpr value_encoding value_encoding_of = static_cast<value_encoding>(
 /// Lower-case name of an index encoding ("delta_bitpacked", ...); "unknown" otherwise.
 [[nodiscard]] constexpr std::string_view name_of(index_encoding e) noexcept {
   switch (e) {
-    case index_encoding::automatic: return "automatic";
-    case index_encoding::raw_u16: return "raw_u16";
-    case index_encoding::raw_u32: return "raw_u32";
-    case index_encoding::raw_u64: return "raw_u64";
-    case index_encoding::delta_varint: return "delta_varint";
-    case index_encoding::delta_bitpacked: return "delta_bitpacked";
-    case index_encoding::bitmap: return "bitmap";
-    case index_encoding::random_k: return "random_k";
+    case index_encoding::automatic:
+      return "automatic";
+    case index_encoding::raw_u16:
+      return "raw_u16";
+    case index_encoding::raw_u32:
+      return "raw_u32";
+    case index_encoding::raw_u64:
+      return "raw_u64";
+    case index_encoding::delta_varint:
+      return "delta_varint";
+    case index_encoding::delta_bitpacked:
+      return "delta_bitpacked";
+    case index_encoding::bitmap:
+      return "bitmap";
+    case index_encoding::random_k:
+      return "random_k";
   }
   return "unknown";
 }
@@ -102,9 +114,12 @@ inline constexpr value_encoding value_encoding_of = static_cast<value_encoding>(
 /// Lower-case name of a value encoding ("fp32", "fp16", "bf16"); "unknown" otherwise.
 [[nodiscard]] constexpr std::string_view name_of(value_encoding e) noexcept {
   switch (e) {
-    case value_encoding::fp32: return "fp32";
-    case value_encoding::fp16: return "fp16";
-    case value_encoding::bf16: return "bf16";
+    case value_encoding::fp32:
+      return "fp32";
+    case value_encoding::fp16:
+      return "fp16";
+    case value_encoding::bf16:
+      return "bf16";
   }
   return "unknown";
 }

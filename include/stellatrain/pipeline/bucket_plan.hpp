@@ -30,11 +30,12 @@ struct bucket_range {
 /// the last one to the first, which is the order the pipeline exchanges them in.
 ///
 /// \code
-///   auto plan = stellatrain::plan_buckets(std::vector<std::uint64_t>{1000, 10, 5000, 10}, 4 * 1024);
+///   auto plan = stellatrain::plan_buckets(std::vector<std::uint64_t>{1000, 10, 5000, 10}, 4 *
+///   1024);
 ///   // {0, 2 tensors, 1010 elements}, {2, 2 tensors, 5010 elements}
 /// \endcode
-[[nodiscard]] inline std::vector<bucket_range> plan_buckets(std::span<const std::uint64_t> tensor_elements,
-                                                            std::uint64_t bucket_bytes) {
+[[nodiscard]] inline std::vector<bucket_range> plan_buckets(
+    std::span<const std::uint64_t> tensor_elements, std::uint64_t bucket_bytes) {
   std::vector<bucket_range> buckets;
   bucket_range current;
   for (std::size_t t = 0; t < tensor_elements.size(); ++t) {

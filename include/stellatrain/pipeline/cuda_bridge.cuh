@@ -4,8 +4,8 @@
 // parameters (the changed elements scattered, or the whole tensor), all on the caller's stream.
 #pragma once
 
-#include <stellatrain/config.hpp>
 #include <stellatrain/compress/error_feedback_cuda.cuh>
+#include <stellatrain/config.hpp>
 #include <stellatrain/core/cuda_check.cuh>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
@@ -68,7 +68,8 @@ struct cuda_bridge_options {
 ///   bridge.push_device_gradient(t, d_grad[t], stellatrain::cuda_stream{stream});
 ///   // before the next forward:
 ///   pipe.wait_for_forward(pipe.bucket_of(t));
-///   bridge.upload_params(t, d_param[t], stellatrain::cuda_stream{stream});  // float*, fp16* or bf16*
+///   bridge.upload_params(t, d_param[t], stellatrain::cuda_stream{stream});  // float*, fp16* or
+///   bf16*
 /// \endcode
 template <class Pipeline>
 class cuda_gradient_bridge {
@@ -76,17 +77,22 @@ class cuda_gradient_bridge {
   using index_t = typename Pipeline::compressor_type::index_type;
 
  public:
-  cuda_gradient_bridge(Pipeline& p, cuda_bridge_options options = {}) : pipeline_(p), options_(options) {
+  cuda_gradient_bridge(Pipeline& p, cuda_bridge_options options = {})
+      : pipeline_(p), options_(options) {
     if (!(options_.max_density > 0 && options_.max_density <= 1)) {
       throw_error(errc::invalid_argument, "cuda_gradient_bridge: max_density must be in (0, 1]");
     }
     try {
       for (std::size_t t = 0; t < p.tensor_count(); ++t) {
-        tensor_buffers& b = buffers_.emplace_back();  // released by release() if a step below throws
+        tensor_buffers& b =
+            buffers_.emplace_back();  // released by release() if a step below throws
         b.n = p.tensor_size(t);
-        b.max_k = b.n <= options_.send_all_below ? b.n
-                                                 : std::min<std::uint64_t>(b.n, static_cast<std::uint64_t>(std::ceil(
-                                                                                     options_.max_density * static_cast<double>(b.n))) + 1);
+        b.max_k = b.n <= options_.send_all_below
+                      ? b.n
+                      : std::min<std::uint64_t>(
+                            b.n, static_cast<std::uint64_t>(
+                                     std::ceil(options_.max_density * static_cast<double>(b.n))) +
+                                     1);
         b.out_bytes = topk_output_bytes<value_t, index_t>(b.n, b.max_k);
         b.workspace_bytes = error_feedback_workspace_bytes(b.n, b.max_k, options_.selection);
         STELLATRAIN_CUDA_CHECK(cudaMalloc(&b.residual, b.n * sizeof(float)));
@@ -97,7 +103,8 @@ class cuda_gradient_bridge {
         STELLATRAIN_CUDA_CHECK(cudaMallocHost(&b.host_params, b.n * sizeof(float)));
         b.change_capacity = change_capacity(b);
         if (b.change_capacity > 0) {
-          STELLATRAIN_CUDA_CHECK(cudaMalloc(&b.device_changes, b.change_capacity * (sizeof(index_t) + recorded_bytes())));
+          STELLATRAIN_CUDA_CHECK(cudaMalloc(
+              &b.device_changes, b.change_capacity * (sizeof(index_t) + recorded_bytes())));
         }
       }
     } catch (...) {
@@ -116,24 +123,29 @@ class cuda_gradient_bridge {
   void push_device_gradient(std::size_t t, const float* device_grad, cuda_stream ctx) {
     tensor_buffers& b = buffers_.at(t);
     const double density = pipeline_.next_density();
-    std::uint64_t k = b.n <= options_.send_all_below
-                          ? b.n
-                          : static_cast<std::uint64_t>(std::ceil(density * static_cast<double>(b.n)));
+    std::uint64_t k =
+        b.n <= options_.send_all_below
+            ? b.n
+            : static_cast<std::uint64_t>(std::ceil(density * static_cast<double>(b.n)));
     k = std::min(b.n, std::max<std::uint64_t>(k, pipeline_.options().min_k));
     if (k > b.max_k) {
-      throw_error(errc::out_of_range, "cuda_gradient_bridge: tensor " + std::to_string(t) + " needs k = " +
-                                          std::to_string(k) + ", the buffers hold " + std::to_string(b.max_k) +
+      throw_error(errc::out_of_range, "cuda_gradient_bridge: tensor " + std::to_string(t) +
+                                          " needs k = " + std::to_string(k) +
+                                          ", the buffers hold " + std::to_string(b.max_k) +
                                           " (raise max_density)");
     }
-    error_feedback_topk<index_t, value_t>(ctx, device_grad, b.residual, b.n, k,
-                                          std::span<std::byte>(static_cast<std::byte*>(b.device_out), b.out_bytes),
-                                          std::span<std::byte>(static_cast<std::byte*>(b.workspace), b.workspace_bytes),
-                                          options_.selection);
+    error_feedback_topk<index_t, value_t>(
+        ctx, device_grad, b.residual, b.n, k,
+        std::span<std::byte>(static_cast<std::byte*>(b.device_out), b.out_bytes),
+        std::span<std::byte>(static_cast<std::byte*>(b.workspace), b.workspace_bytes),
+        options_.selection);
     const std::size_t bytes = topk_output_bytes<value_t, index_t>(b.n, k);
-    STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(b.host_out, b.device_out, bytes, cudaMemcpyDeviceToHost, ctx.stream));
+    STELLATRAIN_CUDA_CHECK(
+        cudaMemcpyAsync(b.host_out, b.device_out, bytes, cudaMemcpyDeviceToHost, ctx.stream));
     STELLATRAIN_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
     const auto selection = read_selection<value_t, index_t>(
-        std::span<const std::byte>(static_cast<const std::byte*>(b.host_out), bytes), "GPU selection");
+        std::span<const std::byte>(static_cast<const std::byte*>(b.host_out), bytes),
+        "GPU selection");
     pipeline_.push_selection(t, selection);
   }
 
@@ -156,9 +168,10 @@ class cuda_gradient_bridge {
       }
     }
     b.held = param_version{};
-    const param_version v = pipeline_.copy_params(t, std::span<Param>(static_cast<Param*>(b.host_params), b.n));
-    STELLATRAIN_CUDA_CHECK(
-        cudaMemcpyAsync(device_params, b.host_params, b.n * sizeof(Param), cudaMemcpyHostToDevice, ctx.stream));
+    const param_version v =
+        pipeline_.copy_params(t, std::span<Param>(static_cast<Param*>(b.host_params), b.n));
+    STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(device_params, b.host_params, b.n * sizeof(Param),
+                                           cudaMemcpyHostToDevice, ctx.stream));
     b.upload_stream = ctx.stream;
     b.uploading = true;
     b.held = v;
@@ -181,7 +194,7 @@ class cuda_gradient_bridge {
     void* device_out = nullptr;
     void* workspace = nullptr;
     void* host_out = nullptr;
-    void* host_params = nullptr;     // n * 4 bytes: parameters, or changed indices + values
+    void* host_params = nullptr;  // n * 4 bytes: parameters, or changed indices + values
     std::uint64_t change_capacity = 0;
     void* device_changes = nullptr;  // change_capacity indices, then as many values
     param_version held{};            // what the device copy holds
@@ -200,20 +213,23 @@ class cuda_gradient_bridge {
   // The changed elements of tensor t, when the pipeline has them: none or sparse (done), or
   // nothing when the tensor must travel whole.
   template <class Param>
-  std::optional<param_changes_kind> upload_changes(tensor_buffers& b, std::size_t t, Param* device_params,
-                                                 cuda_stream ctx) {
+  std::optional<param_changes_kind> upload_changes(tensor_buffers& b, std::size_t t,
+                                                   Param* device_params, cuda_stream ctx) {
     // Staging: indices first, then values, in the pinned parameter buffer.
     auto* idx = static_cast<index_t*>(b.host_params);
     auto* val = reinterpret_cast<Param*>(idx + b.change_capacity);
-    const param_changes c = pipeline_.copy_changes(t, b.held, std::span<index_t>(idx, b.change_capacity),
-                                                   std::span<Param>(val, b.change_capacity));
+    const param_changes c =
+        pipeline_.copy_changes(t, b.held, std::span<index_t>(idx, b.change_capacity),
+                               std::span<Param>(val, b.change_capacity));
     if (c.kind == param_changes_kind::none) return c.kind;
     if (c.kind != param_changes_kind::sparse) return std::nullopt;
     auto* d_idx = static_cast<index_t*>(b.device_changes);
     auto* d_val = reinterpret_cast<Param*>(d_idx + b.change_capacity);
     b.held = param_version{};  // until the copies below are issued
-    STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(d_idx, idx, c.count * sizeof(index_t), cudaMemcpyHostToDevice, ctx.stream));
-    STELLATRAIN_CUDA_CHECK(cudaMemcpyAsync(d_val, val, c.count * sizeof(Param), cudaMemcpyHostToDevice, ctx.stream));
+    STELLATRAIN_CUDA_CHECK(
+        cudaMemcpyAsync(d_idx, idx, c.count * sizeof(index_t), cudaMemcpyHostToDevice, ctx.stream));
+    STELLATRAIN_CUDA_CHECK(
+        cudaMemcpyAsync(d_val, val, c.count * sizeof(Param), cudaMemcpyHostToDevice, ctx.stream));
     scatter_values(ctx, d_idx, d_val, c.count, device_params, b.n);
     b.upload_stream = ctx.stream;
     b.uploading = true;
@@ -227,7 +243,8 @@ class cuda_gradient_bridge {
   std::uint64_t change_capacity(const tensor_buffers& b) const noexcept {
     if constexpr (Pipeline::records_updates) {
       const std::uint64_t by_bytes = b.n * recorded_bytes() / (sizeof(index_t) + recorded_bytes());
-      const std::uint64_t by_selections = 2 * static_cast<std::uint64_t>(pipeline_.ranks()) * b.max_k;
+      const std::uint64_t by_selections =
+          2 * static_cast<std::uint64_t>(pipeline_.ranks()) * b.max_k;
       return std::min(by_bytes, by_selections);
     } else {
       return 0;

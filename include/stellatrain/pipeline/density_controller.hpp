@@ -39,23 +39,26 @@ struct step_measurement {
 ///   link_bytes(d)   = (ranks - 1) * (header_bytes + elements * d * bytes_per_element)
 ///   comm_seconds(d) = link_bytes(d) / bandwidth + latency_rounds * latency.
 struct exchange_cost_model {
-  std::uint64_t elements = 0;       ///< gradient elements per step, all tensors
+  std::uint64_t elements = 0;  ///< gradient elements per step, all tensors
   std::uint32_t ranks = 1;
-  double bytes_per_element = 8;     ///< wire bytes per selected element (index + value)
-  double header_bytes = 0;          ///< fixed bytes per message (headers, checksums, framing)
-  double latency_rounds = 0;        ///< sequential rounds of one-way latency per exchange
+  double bytes_per_element = 8;  ///< wire bytes per selected element (index + value)
+  double header_bytes = 0;       ///< fixed bytes per message (headers, checksums, framing)
+  double latency_rounds = 0;     ///< sequential rounds of one-way latency per exchange
 
   [[nodiscard]] double link_bytes(double density) const noexcept {
     return static_cast<double>(ranks - 1) *
            (header_bytes + static_cast<double>(elements) * density * bytes_per_element);
   }
-  [[nodiscard]] double comm_seconds(double density, double bandwidth, double latency) const noexcept {
+  [[nodiscard]] double comm_seconds(double density, double bandwidth,
+                                    double latency) const noexcept {
     return link_bytes(density) / bandwidth + latency_rounds * latency;
   }
   /// The density whose exchange takes `seconds` (may fall outside [0, 1]).
-  [[nodiscard]] double density_for(double seconds, double bandwidth, double latency) const noexcept {
+  [[nodiscard]] double density_for(double seconds, double bandwidth,
+                                   double latency) const noexcept {
     if (ranks <= 1 || elements == 0) return 1.0;
-    const double bytes = (seconds - latency_rounds * latency) * bandwidth / static_cast<double>(ranks - 1);
+    const double bytes =
+        (seconds - latency_rounds * latency) * bandwidth / static_cast<double>(ranks - 1);
     return (bytes - header_bytes) / (static_cast<double>(elements) * bytes_per_element);
   }
 };
@@ -105,7 +108,8 @@ struct density_controller_options {
 /// \endcode
 template <class P>
 concept density_policy = requires(P& p, const P& cp, const step_measurement& m) {
-  { cp.density() } noexcept -> std::convertible_to<double>;
+  { cp.density() }
+  noexcept->std::convertible_to<double>;
   p.observe(m);
 };
 
@@ -194,7 +198,8 @@ class adaptive_density_controller {
       if (sample > 0) {
         // The link's own throughput is known: what it does not explain is latency.
         if (options_.latency_seconds <= 0 && model_.latency_rounds > 0) {
-          const double excess = std::max(0.0, (m.comm_seconds - bytes / sample) / model_.latency_rounds);
+          const double excess =
+              std::max(0.0, (m.comm_seconds - bytes / sample) / model_.latency_rounds);
           latency_ = latency_ == 0 ? excess : latency_ + options_.smoothing * (excess - latency_);
         }
       } else {
@@ -202,7 +207,8 @@ class adaptive_density_controller {
         // to the transfer. An unknown latency makes this sample underestimate the bandwidth;
         // the density still converges to where comm == target, because each step rescales it
         // by target / measured (monotonically: the error shrinks by latency / comm per step).
-        const double busy = std::max(m.comm_seconds - model_.latency_rounds * latency(), 1e-3 * m.comm_seconds);
+        const double busy =
+            std::max(m.comm_seconds - model_.latency_rounds * latency(), 1e-3 * m.comm_seconds);
         sample = bytes / busy;
       }
       bandwidth_.add(sample, options_);
@@ -210,7 +216,8 @@ class adaptive_density_controller {
     if (bandwidth_.value <= 0 || compute_.value <= 0) return;
 
     const double target = options_.target_ratio * compute_.value;
-    if (m.comm_seconds > 0 && m.comm_seconds < options_.probe_below * target && density_ < options_.max_density) {
+    if (m.comm_seconds > 0 && m.comm_seconds < options_.probe_below * target &&
+        density_ < options_.max_density) {
       if (++fast_steps_ >= options_.probe_after) {
         bandwidth_.value *= options_.probe_factor;
         fast_steps_ = 0;

@@ -24,7 +24,7 @@ struct record_updates_t {
   using type = T;
 };
 template <class T>
-  requires std::is_same_v<T, float> || std::is_same_v<T, fp16> || std::is_same_v<T, bf16>
+requires std::is_same_v<T, float> || std::is_same_v<T, fp16> || std::is_same_v<T, bf16>
 inline constexpr record_updates_t<T> record_updates{};
 
 /// Which parameters a copy holds: every update through `step` (-1: the initial parameters after

@@ -4,8 +4,8 @@
 // steps in flight concurrently and the density chosen per step from measurements.
 #pragma once
 
-#include <stellatrain/config.hpp>
 #include <stellatrain/compress/compressor.hpp>
+#include <stellatrain/config.hpp>
 #include <stellatrain/core/aligned_buffer.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
@@ -84,14 +84,15 @@ struct pipeline_options {
 
 /// Totals of a pipeline's work on this rank.
 struct pipeline_stats {
-  std::uint64_t steps_applied = 0;   ///< steps whose every bucket is applied
-  std::uint64_t bytes_sent = 0;      ///< packed bytes this rank contributed (its own messages)
-  std::uint64_t link_bytes = 0;      ///< bytes its link carried by the cost model (P - 1 per message)
-  std::uint64_t elements_sent = 0;   ///< selected elements this rank sent
-  double stage_cpu_seconds = 0;      ///< CPU time of its stages (select, pack, unpack, aggregate, optimize)
-  double exchange_seconds = 0;       ///< wall time with an exchange in flight
-  double gate_wait_seconds = 0;      ///< time the application waited in gates and hand-overs
-  double last_density = 0;           ///< density of the last step selected
+  std::uint64_t steps_applied = 0;  ///< steps whose every bucket is applied
+  std::uint64_t bytes_sent = 0;     ///< packed bytes this rank contributed (its own messages)
+  std::uint64_t link_bytes = 0;  ///< bytes its link carried by the cost model (P - 1 per message)
+  std::uint64_t elements_sent = 0;  ///< selected elements this rank sent
+  double stage_cpu_seconds =
+      0;  ///< CPU time of its stages (select, pack, unpack, aggregate, optimize)
+  double exchange_seconds = 0;   ///< wall time with an exchange in flight
+  double gate_wait_seconds = 0;  ///< time the application waited in gates and hand-overs
+  double last_density = 0;       ///< density of the last step selected
 };
 
 namespace detail {
@@ -156,10 +157,10 @@ inline double thread_cpu_seconds() noexcept {
 /// Threads: one thread hands over the gradients of a given tensor at a time; gates and
 /// `copy_params` may be called from any thread. The pipeline's own threads are its exchange
 /// threads; everything else runs on the executor.
-template <compressor Compressor, transport Transport, sparse_optimizer Optimizer, task_executor Executor,
-          density_policy Policy = adaptive_density_controller, class Record = void>
-  requires(std::is_void_v<Record> || value_type<Record>)
-class pipeline {
+template <compressor Compressor, transport Transport, sparse_optimizer Optimizer,
+          task_executor Executor, density_policy Policy = adaptive_density_controller,
+          class Record = void>
+requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   using value_t = typename Compressor::value_type;
   using index_t = typename Compressor::index_type;
   // The value type of the update record (unused without one).
@@ -187,7 +188,8 @@ class pipeline {
       throw_error(errc::invalid_argument, "pipeline: staleness must be 0 or 1");
     }
     if (options_.micro_batches == 0 || options_.exchange_threads < 1) {
-      throw_error(errc::invalid_argument, "pipeline: micro_batches and exchange_threads must be at least 1");
+      throw_error(errc::invalid_argument,
+                  "pipeline: micro_batches and exchange_threads must be at least 1");
     }
   }
 
@@ -204,7 +206,8 @@ class pipeline {
       const bool in_flight = started_ && applied_step_ + 1 < pushed_steps_;
       if (in_flight && !failed_) {
         failed_ = true;
-        failure_ = std::make_exception_ptr(error(errc::peer_failure, "pipeline destroyed with steps in flight"));
+        failure_ = std::make_exception_ptr(
+            error(errc::peer_failure, "pipeline destroyed with steps in flight"));
         detail::abort_transport(transport_, "stellatrain pipeline destroyed with steps in flight");
       }
     }
@@ -219,9 +222,12 @@ class pipeline {
   /// Registers a parameter tensor with its initial values (copied); returns its index. `id` is
   /// its name on the wire (unique). Tensors are registered in forward order, before `start`.
   std::size_t add_tensor(std::uint32_t id, std::span<const float> initial) {
-    if (started_) throw_error(errc::invalid_argument, "pipeline::add_tensor: the pipeline has started");
+    if (started_)
+      throw_error(errc::invalid_argument, "pipeline::add_tensor: the pipeline has started");
     for (const auto& t : tensors_) {
-      if (t.id == id) throw_error(errc::invalid_argument, "pipeline::add_tensor: tensor id " + std::to_string(id) + " is already registered");
+      if (t.id == id)
+        throw_error(errc::invalid_argument, "pipeline::add_tensor: tensor id " +
+                                                std::to_string(id) + " is already registered");
     }
     tensor_state t;
     t.id = id;
@@ -236,7 +242,8 @@ class pipeline {
   /// the exchange threads.
   void start() {
     if (started_) throw_error(errc::invalid_argument, "pipeline::start: already started");
-    if (tensors_.empty()) throw_error(errc::invalid_argument, "pipeline::start: no tensors registered");
+    if (tensors_.empty())
+      throw_error(errc::invalid_argument, "pipeline::start: no tensors registered");
     ranks_ = transport_.size();
     broadcast_initial();
     std::vector<std::uint64_t> sizes;
@@ -291,8 +298,12 @@ class pipeline {
   [[nodiscard]] std::size_t tensor_count() const noexcept { return tensors_.size(); }
   [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
   [[nodiscard]] std::size_t bucket_of(std::size_t tensor) const { return tensor_at(tensor).bucket; }
-  [[nodiscard]] bucket_range bucket(std::size_t b) const { return buckets_[bucket_index(b)]->range; }
-  [[nodiscard]] std::uint64_t tensor_size(std::size_t tensor) const { return tensor_at(tensor).size; }
+  [[nodiscard]] bucket_range bucket(std::size_t b) const {
+    return buckets_[bucket_index(b)]->range;
+  }
+  [[nodiscard]] std::uint64_t tensor_size(std::size_t tensor) const {
+    return tensor_at(tensor).size;
+  }
   [[nodiscard]] const pipeline_options& options() const noexcept { return options_; }
   [[nodiscard]] int rank() const noexcept { return transport_.rank(); }
   [[nodiscard]] int ranks() const noexcept { return ranks_; }
@@ -307,8 +318,9 @@ class pipeline {
     require_started("push_gradient");
     tensor_state& ts = tensor_at(t);
     if (grad.size() != ts.size) {
-      throw_error(errc::size_mismatch, "pipeline::push_gradient: tensor " + std::to_string(ts.id) + " has " +
-                                           std::to_string(ts.size) + " elements, the gradient " +
+      throw_error(errc::size_mismatch, "pipeline::push_gradient: tensor " + std::to_string(ts.id) +
+                                           " has " + std::to_string(ts.size) +
+                                           " elements, the gradient " +
                                            std::to_string(grad.size()));
     }
     bucket_state& b = *buckets_[ts.bucket];
@@ -316,7 +328,8 @@ class pipeline {
     const std::int64_t step = static_cast<std::int64_t>(count / options_.micro_batches);
     const std::uint32_t micro = static_cast<std::uint32_t>(count % options_.micro_batches);
     // The slot last held step - 2: its selection must be done before it is overwritten.
-    slot_state& slot = micro == 0 ? slot_for_next_push(ts, "push_gradient") : b.slots[static_cast<std::size_t>(step % 2)];
+    slot_state& slot = micro == 0 ? slot_for_next_push(ts, "push_gradient")
+                                  : b.slots[static_cast<std::size_t>(step % 2)];
     float* dst = slot.grad.data() + ts.offset_in_bucket;
     if (micro == 0) {
       std::memcpy(dst, grad.data(), grad.size_bytes());
@@ -371,8 +384,9 @@ class pipeline {
     require_single_micro_batch("push_selection");
     tensor_state& ts = tensor_at(t);
     if (selection.dense_size() != ts.size) {
-      throw_error(errc::size_mismatch, "pipeline::push_selection: tensor " + std::to_string(ts.id) + " has " +
-                                           std::to_string(ts.size) + " elements, the selection's dense size is " +
+      throw_error(errc::size_mismatch, "pipeline::push_selection: tensor " + std::to_string(ts.id) +
+                                           " has " + std::to_string(ts.size) +
+                                           " elements, the selection's dense size is " +
                                            std::to_string(selection.dense_size()));
     }
     bucket_state& b = *buckets_[ts.bucket];
@@ -428,14 +442,13 @@ class pipeline {
   /// another precision do not compile. Errors: `errc::out_of_range` for an unknown tensor.
   /// Time: O(changes) (a merge of two sorted lists when `held` is two steps behind).
   param_changes copy_changes(std::size_t t, param_version held, std::span<index_t> indices,
-                             std::span<log_value_t> values)
-    requires records_updates
-  {
+                             std::span<log_value_t> values) requires records_updates {
     require_started("copy_changes");
     const tensor_state& ts = tensor_at(t);
     bucket_state& b = *buckets_[ts.bucket];
     std::lock_guard lock(b.params_mutex);
-    const param_version now{.step = ts.applied, .generation = generation_.load(std::memory_order_relaxed)};
+    const param_version now{.step = ts.applied,
+                            .generation = generation_.load(std::memory_order_relaxed)};
     return ts.history.changes_since(held, now, indices, values);
   }
 
@@ -496,8 +509,8 @@ class pipeline {
     const auto c = compressor_.save_state();
     std::vector<std::byte> o(static_cast<std::size_t>(optimizer_.state_size_bytes()));
     optimizer_.save_state(std::span<std::byte>(o));
-    return detail::write_pipeline_checkpoint(static_cast<std::uint64_t>(pushed_steps_), checkpoint_tensors(),
-                                             policy_, c, o);
+    return detail::write_pipeline_checkpoint(static_cast<std::uint64_t>(pushed_steps_),
+                                             checkpoint_tensors(), policy_, c, o);
   }
 
   /// Restores a blob of `save_checkpoint` into a started pipeline with the same tensors and
@@ -558,25 +571,25 @@ class pipeline {
   };
 
   struct slot_state {
-    aligned_buffer<float> grad;               // the bucket's tensors' gradients, concatenated
-    std::int64_t pushes_step = -1;            // the step `pushes` counts for
-    std::size_t pushes = 0;                   // tensors handed over completely
-    std::vector<std::byte> message;           // this rank's packed selection
-    std::vector<message_buffer> received;     // every rank's message, by rank
-    std::vector<char> preselected;            // per tensor: handed over as a selection
+    aligned_buffer<float> grad;            // the bucket's tensors' gradients, concatenated
+    std::int64_t pushes_step = -1;         // the step `pushes` counts for
+    std::size_t pushes = 0;                // tensors handed over completely
+    std::vector<std::byte> message;        // this rank's packed selection
+    std::vector<message_buffer> received;  // every rank's message, by rank
+    std::vector<char> preselected;         // per tensor: handed over as a selection
     std::vector<sparse_buffer<value_t, index_t>> preselected_pairs;
   };
 
   struct bucket_state {
     bucket_range range;
-    slot_state slots[2];                      // steps alternate between two slots
-    std::int64_t compressed = -1;             // last step selected and packed
-    std::int64_t exchanged = -1;              // last step exchanged
-    std::int64_t applied = -1;                // last step whose update is applied
+    slot_state slots[2];           // steps alternate between two slots
+    std::int64_t compressed = -1;  // last step selected and packed
+    std::int64_t exchanged = -1;   // last step exchanged
+    std::int64_t applied = -1;     // last step whose update is applied
     bool compress_busy = false;
     bool apply_busy = false;
-    std::vector<sparse_buffer<value_t, index_t>> selections;   // per tensor of the bucket
-    std::vector<std::byte> report_payload;    // this rank's step reports, sent with each message
+    std::vector<sparse_buffer<value_t, index_t>> selections;  // per tensor of the bucket
+    std::vector<std::byte> report_payload;  // this rank's step reports, sent with each message
     std::array<rank_report, step_reports_layout::max_reports> reports_in{};
     message_packer packer;
     message_unpacker unpacker;
@@ -584,7 +597,7 @@ class pipeline {
     sparse_merger merger;
     sparse_buffer<float, index_t> merged;
     aligned_buffer<float> dense_grad;
-    std::mutex params_mutex;                  // optimizer step vs copy_params
+    std::mutex params_mutex;  // optimizer step vs copy_params
   };
 
   struct step_record {
@@ -744,14 +757,17 @@ class pipeline {
   }
 
   void require_started(const char* what) const {
-    if (!started_) throw_error(errc::invalid_argument, std::string("pipeline::") + what + ": call start() first");
+    if (!started_)
+      throw_error(errc::invalid_argument,
+                  std::string("pipeline::") + what + ": call start() first");
     std::lock_guard lock(mutex_);
     if (failed_) std::rethrow_exception(failure_);
   }
 
   void require_single_micro_batch(const char* what) const {
     if (options_.micro_batches != 1) {
-      throw_error(errc::invalid_argument, std::string("pipeline::") + what + ": needs micro_batches == 1");
+      throw_error(errc::invalid_argument,
+                  std::string("pipeline::") + what + ": needs micro_batches == 1");
     }
   }
 
@@ -760,8 +776,9 @@ class pipeline {
   slot_state& slot_for_next_push(const tensor_state& ts, const char* what) {
     bucket_state& b = *buckets_[ts.bucket];
     const auto step = static_cast<std::int64_t>(ts.pushes / options_.micro_batches);
-    timed_wait(std::string(what) + ": waiting for the selection of step " + std::to_string(step - 2),
-               [&] { return b.compressed >= step - 2; });
+    timed_wait(
+        std::string(what) + ": waiting for the selection of step " + std::to_string(step - 2),
+        [&] { return b.compressed >= step - 2; });
     return b.slots[static_cast<std::size_t>(step % 2)];
   }
 
@@ -771,7 +788,8 @@ class pipeline {
   void timed_wait(const std::string& what, Pred&& ready) {
     const auto t0 = transport_clock::now();
     std::unique_lock lock(mutex_);
-    const bool ok = changed_.wait_until(lock, deadline_after(options_.timeout), [&] { return failed_ || ready(); });
+    const bool ok = changed_.wait_until(lock, deadline_after(options_.timeout),
+                                        [&] { return failed_ || ready(); });
     const double waited = std::chrono::duration<double>(transport_clock::now() - t0).count();
     gate_wait_in_step_ += waited;
     stats_.gate_wait_seconds += waited;
@@ -783,13 +801,16 @@ class pipeline {
     const bool ring = options_.algorithm == allgather_algorithm::ring ||
                       (options_.algorithm == allgather_algorithm::automatic && ranks_ > 4);
     const double rounds = ring ? static_cast<double>(ranks_ - 1) : 1.0;
-    const double threads = static_cast<double>(std::min<std::size_t>(static_cast<std::size_t>(options_.exchange_threads), buckets_.size()));
+    const double threads = static_cast<double>(std::min<std::size_t>(
+        static_cast<std::size_t>(options_.exchange_threads), buckets_.size()));
     return {.elements = total_elements_,
             .ranks = static_cast<std::uint32_t>(ranks_),
             .bytes_per_element = bytes_per_element,
-            .header_bytes = 64.0 * static_cast<double>(buckets_.size()) + 48.0 * static_cast<double>(tensors_.size()),
+            .header_bytes = 64.0 * static_cast<double>(buckets_.size()) +
+                            48.0 * static_cast<double>(tensors_.size()),
             // Buckets' exchanges overlap across the exchange threads: their latencies do too.
-            .latency_rounds = rounds * std::ceil(static_cast<double>(buckets_.size()) / std::max(threads, 1.0))};
+            .latency_rounds =
+                rounds * std::ceil(static_cast<double>(buckets_.size()) / std::max(threads, 1.0))};
   }
 
   // ---------------------------------------------------------------- stages
@@ -806,9 +827,10 @@ class pipeline {
     std::uint64_t elements = 0;
     for (std::size_t i = 0; i < bs.range.tensor_count; ++i) {
       const tensor_state& ts = tensors_[bs.range.first_tensor + i];
-      std::uint64_t k = ts.size <= options_.send_all_below
-                            ? ts.size
-                            : static_cast<std::uint64_t>(std::ceil(density * static_cast<double>(ts.size)));
+      std::uint64_t k =
+          ts.size <= options_.send_all_below
+              ? ts.size
+              : static_cast<std::uint64_t>(std::ceil(density * static_cast<double>(ts.size)));
       k = std::min(ts.size, std::max(k, options_.min_k));
       auto& selection = slot.preselected[i] ? slot.preselected_pairs[i] : bs.selections[i];
       if (!slot.preselected[i]) {
@@ -887,9 +909,11 @@ class pipeline {
     bucket_state& bs = *buckets_[b];
     slot_state& slot = bs.slots[static_cast<std::size_t>(step % 2)];
     const auto t0 = transport_clock::now();
-    const auto tag = static_cast<tag_type>(options_.tag_base +
-                                           static_cast<tag_type>((static_cast<std::uint64_t>(step) * buckets_.size() + b) % 16384));
-    sparse_allgather(transport_, std::span<const std::byte>(slot.message), std::span<message_buffer>(slot.received),
+    const auto tag = static_cast<tag_type>(
+        options_.tag_base +
+        static_cast<tag_type>((static_cast<std::uint64_t>(step) * buckets_.size() + b) % 16384));
+    sparse_allgather(transport_, std::span<const std::byte>(slot.message),
+                     std::span<message_buffer>(slot.received),
                      {.tag = tag, .timeout = options_.timeout, .algorithm = options_.algorithm});
     const auto t1 = transport_clock::now();
     {
@@ -905,12 +929,15 @@ class pipeline {
       if (++r.exchanged_buckets == buckets_.size()) {
         // This rank's view of the step, for every rank's policy (pipeline/step_reports.hpp).
         const double per_element =
-            r.elements > 0 ? static_cast<double>(r.message_bytes) / static_cast<double>(r.elements) : 0.0;
-        reports_.add_own({.step = step,
-                          .exchange_seconds = std::chrono::duration<double>(r.exchange_end - r.exchange_begin).count(),
-                          .compute_seconds = r.compute_seconds,
-                          .link_bytes = r.link_bytes,
-                          .bytes_per_element = per_element});
+            r.elements > 0 ? static_cast<double>(r.message_bytes) / static_cast<double>(r.elements)
+                           : 0.0;
+        reports_.add_own(
+            {.step = step,
+             .exchange_seconds =
+                 std::chrono::duration<double>(r.exchange_end - r.exchange_begin).count(),
+             .compute_seconds = r.compute_seconds,
+             .link_bytes = r.link_bytes,
+             .bytes_per_element = per_element});
       }
       launch_ready(b);
     }
@@ -926,21 +953,25 @@ class pipeline {
       auto& per_rank = bs.decoded[static_cast<std::size_t>(r)];
       for (auto& d : per_rank) d.resize(0);
       const message_buffer& m = slot.received[static_cast<std::size_t>(r)];
-      const message_info& info = bs.unpacker.parse(std::span<const std::byte>(m.data(), m.size()), ex_);
+      const message_info& info =
+          bs.unpacker.parse(std::span<const std::byte>(m.data(), m.size()), ex_);
       if (info.tag != static_cast<std::uint64_t>(step)) {
         throw_error(errc::malformed_message, "pipeline: rank " + std::to_string(r) + " sent step " +
-                                                 std::to_string(info.tag) + " for bucket " + std::to_string(b) +
-                                                 " at step " + std::to_string(step));
+                                                 std::to_string(info.tag) + " for bucket " +
+                                                 std::to_string(b) + " at step " +
+                                                 std::to_string(step));
       }
-      if (const std::size_t c = bs.unpacker.find_control(control_type::step_reports); c != message_unpacker::npos) {
+      if (const std::size_t c = bs.unpacker.find_control(control_type::step_reports);
+          c != message_unpacker::npos) {
         take_reports(r, step, bs, info.controls[c].payload);
       }
       for (std::size_t s = 0; s < info.sections.size(); ++s) {
         const section_info& sec = info.sections[s];
         const std::size_t i = tensor_in_bucket(bs, sec.tensor);
         if (i == npos) {
-          throw_error(errc::malformed_message, "pipeline: rank " + std::to_string(r) + " sent tensor " +
-                                                   std::to_string(sec.tensor) + " in bucket " + std::to_string(b) +
+          throw_error(errc::malformed_message, "pipeline: rank " + std::to_string(r) +
+                                                   " sent tensor " + std::to_string(sec.tensor) +
+                                                   " in bucket " + std::to_string(b) +
                                                    ", which does not hold it");
         }
         auto& out = per_rank[i];
@@ -963,9 +994,9 @@ class pipeline {
       bs.merged.set_dense_size(ts.size);
       if (bs.merged.capacity() < total) bs.merged.reserve(total, {.prefault = true});
       const std::span<float> dense(bs.dense_grad.data(), ts.size);
-      const aggregate_kind kind = bs.merger.aggregate(std::span<const sparse_view<const float, const index_t>>(inputs),
-                                                      bs.merged, dense,
-                                                      {.op = options_.op, .dense_threshold = options_.dense_threshold}, ex_);
+      const aggregate_kind kind = bs.merger.aggregate(
+          std::span<const sparse_view<const float, const index_t>>(inputs), bs.merged, dense,
+          {.op = options_.op, .dense_threshold = options_.dense_threshold}, ex_);
       std::lock_guard lock(bs.params_mutex);
       const auto sparse = std::as_const(bs.merged).view();
       if (kind == aggregate_kind::dense) {
@@ -991,17 +1022,21 @@ class pipeline {
   // Tensor `t`, or `errc::out_of_range`.
   tensor_state& tensor_at(std::size_t t) {
     if (t >= tensors_.size()) {
-      throw_error(errc::out_of_range, "pipeline: tensor " + std::to_string(t) + " is not registered (" +
-                                          std::to_string(tensors_.size()) + " tensors)");
+      throw_error(errc::out_of_range, "pipeline: tensor " + std::to_string(t) +
+                                          " is not registered (" + std::to_string(tensors_.size()) +
+                                          " tensors)");
     }
     return tensors_[t];
   }
-  const tensor_state& tensor_at(std::size_t t) const { return const_cast<pipeline*>(this)->tensor_at(t); }
+  const tensor_state& tensor_at(std::size_t t) const {
+    return const_cast<pipeline*>(this)->tensor_at(t);
+  }
   // Bucket `b` checked, or `errc::out_of_range`.
   std::size_t bucket_index(std::size_t b) const {
     if (b >= buckets_.size()) {
-      throw_error(errc::out_of_range, "pipeline: bucket " + std::to_string(b) + " does not exist (" +
-                                          std::to_string(buckets_.size()) + " buckets)");
+      throw_error(errc::out_of_range, "pipeline: bucket " + std::to_string(b) +
+                                          " does not exist (" + std::to_string(buckets_.size()) +
+                                          " buckets)");
     }
     return b;
   }
@@ -1011,25 +1046,25 @@ class pipeline {
     require_started("copy_params");
     const tensor_state& ts = tensor_at(t);
     if (out.size() != ts.size) {
-      throw_error(errc::size_mismatch, "pipeline::copy_params: tensor " + std::to_string(ts.id) + " has " +
-                                           std::to_string(ts.size) + " elements, the output " +
-                                           std::to_string(out.size()));
+      throw_error(errc::size_mismatch, "pipeline::copy_params: tensor " + std::to_string(ts.id) +
+                                           " has " + std::to_string(ts.size) +
+                                           " elements, the output " + std::to_string(out.size()));
     }
     bucket_state& b = *buckets_[ts.bucket];
     std::lock_guard lock(b.params_mutex);
     const auto p = std::as_const(optimizer_).params(ts.optimizer_index);
     // Same bytes as the little-endian wire encoding of T on every host this library builds for.
     static_assert(std::endian::native == std::endian::little);
-    detail::encode_values(p.data(), out.size(), value_encoding_of<T>, reinterpret_cast<std::byte*>(out.data()));
+    detail::encode_values(p.data(), out.size(), value_encoding_of<T>,
+                          reinterpret_cast<std::byte*>(out.data()));
     return {.step = ts.applied, .generation = generation_.load(std::memory_order_relaxed)};
   }
 
   // The sparse optimizer step of tensor `ts`, keeping the update in the record: the new
   // values come from the optimizer's own pass where it writes an upload copy (`param_copy`),
   // else from its parameters after the step.
-  void step_and_log(tensor_state& ts, std::int64_t step, const sparse_view<const float, const index_t>& g)
-    requires records_updates
-  {
+  void step_and_log(tensor_state& ts, std::int64_t step,
+                    const sparse_view<const float, const index_t>& g) requires records_updates {
     using T = Record;
     auto& log = ts.history.begin(step);
     log.indices.assign(g.indices().begin(), g.indices().end());
@@ -1040,7 +1075,8 @@ class pipeline {
     } else {
       optimizer_.step(ts.optimizer_index, g, ex_);
       const auto p = std::as_const(optimizer_).params(ts.optimizer_index);
-      for (std::size_t j = 0; j < values.size(); ++j) values[j] = from_float<T>(p[static_cast<std::size_t>(log.indices[j])]);
+      for (std::size_t j = 0; j < values.size(); ++j)
+        values[j] = from_float<T>(p[static_cast<std::size_t>(log.indices[j])]);
     }
     ts.history.finish(step, /*whole=*/false);
   }
@@ -1059,19 +1095,23 @@ class pipeline {
 
   // Rank r's reports from its message of `step`; every step whose reports are then complete
   // is observed by the policy.
-  void take_reports(int r, std::int64_t step, bucket_state& bs, std::span<const std::byte> payload) {
-    const std::size_t n = read_step_reports(payload, step, bs.reports_in, "pipeline: rank " + std::to_string(r));
+  void take_reports(int r, std::int64_t step, bucket_state& bs,
+                    std::span<const std::byte> payload) {
+    const std::size_t n =
+        read_step_reports(payload, step, bs.reports_in, "pipeline: rank " + std::to_string(r));
     std::lock_guard lock(mutex_);
-    reports_.take(r, std::span<const rank_report>(bs.reports_in.data(), n), [&](const rank_report& agg) {
-      if constexpr (requires { policy_.set_model(exchange_cost_model{}); }) {
-        if (agg.bytes_per_element > 0) policy_.set_model(cost_model(agg.bytes_per_element));
-      }
-      last_measurement_ = step_measurement{.compute_seconds = agg.compute_seconds,
-                                           .comm_seconds = agg.exchange_seconds,
-                                           .link_bytes = agg.link_bytes};
-      policy_.observe(last_measurement_);
-      ++observations_;
-    });
+    reports_.take(r, std::span<const rank_report>(bs.reports_in.data(), n),
+                  [&](const rank_report& agg) {
+                    if constexpr (requires { policy_.set_model(exchange_cost_model{}); }) {
+                      if (agg.bytes_per_element > 0)
+                        policy_.set_model(cost_model(agg.bytes_per_element));
+                    }
+                    last_measurement_ = step_measurement{.compute_seconds = agg.compute_seconds,
+                                                         .comm_seconds = agg.exchange_seconds,
+                                                         .link_bytes = agg.link_bytes};
+                    policy_.observe(last_measurement_);
+                    ++observations_;
+                  });
   }
 
   std::vector<detail::checkpoint_tensor> checkpoint_tensors() const {
@@ -1107,7 +1147,8 @@ class pipeline {
     broadcast(transport_, 0, std::as_writable_bytes(std::span<std::uint64_t>(root_shape)),
               {.tag = tag, .timeout = options_.timeout}, ws);
     if (root_shape != shape) {
-      throw_error(errc::invalid_argument, "pipeline::start: rank " + std::to_string(transport_.rank()) +
+      throw_error(errc::invalid_argument, "pipeline::start: rank " +
+                                              std::to_string(transport_.rank()) +
                                               " registered other tensors than rank 0");
     }
     broadcast(transport_, 0, std::as_writable_bytes(std::span<float>(initial_)),

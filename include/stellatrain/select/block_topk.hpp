@@ -5,17 +5,17 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/aligned_buffer.hpp>
+#include <stellatrain/core/detail/isa_compat.hpp>
+#include <stellatrain/core/detail/simd_lanes.hpp>
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/sparse.hpp>
-#include <stellatrain/core/detail/isa_compat.hpp>
-#include <stellatrain/core/detail/simd_lanes.hpp>
 #include <stellatrain/select/detail/candidate_pass.hpp>
 #include <stellatrain/select/detail/exact_select.hpp>
 #include <stellatrain/select/detail/keys.hpp>
-#include <stellatrain/select/selection_source.hpp>
 #include <stellatrain/select/exact_topk.hpp>
 #include <stellatrain/select/selection.hpp>
+#include <stellatrain/select/selection_source.hpp>
 
 #include <xsimd/xsimd.hpp>
 
@@ -43,9 +43,9 @@ struct block_topk_options {
 
 /// What a block selection did, with the energy (sum of squares) it kept.
 struct block_selection_stats : selection_stats {
-  std::uint64_t blocks = 0;   ///< blocks sent, whole or truncated
-  double kept_energy = 0;     ///< sum of squares of the selected values
-  double total_energy = 0;    ///< sum of squares of all values
+  std::uint64_t blocks = 0;  ///< blocks sent, whole or truncated
+  double kept_energy = 0;    ///< sum of squares of the selected values
+  double total_energy = 0;   ///< sum of squares of all values
   /// kept_energy / total_energy (1 for an all-zero input).
   [[nodiscard]] double energy_fraction() const noexcept {
     return total_energy > 0 ? kept_energy / total_energy : 1.0;
@@ -167,8 +167,8 @@ double score_blocks(Ex& ex, const Source& src, std::uint64_t n, float* scores, d
         for (int j = 0; j < 8; ++j) {
           // Halves through memory: GCC 12 warns (falsely) inside the extract intrinsics.
           alignas(64) float lanes16[16];
-          src.template load<Arch>(i + static_cast<std::uint64_t>(j) * b).store_aligned(
-              reinterpret_cast<std::int32_t*>(lanes16));
+          src.template load<Arch>(i + static_cast<std::uint64_t>(j) * b)
+              .store_aligned(reinterpret_cast<std::int32_t*>(lanes16));
           s[j] = _mm256_add_ps(term(_mm256_load_ps(lanes16)), term(_mm256_load_ps(lanes16 + 8)));
         }
         _mm256_storeu_ps(scores + i / b, block8_fold_avx2(s));

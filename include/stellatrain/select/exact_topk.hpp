@@ -10,8 +10,8 @@
 #include <stellatrain/select/detail/candidate_pass.hpp>
 #include <stellatrain/select/detail/exact_select.hpp>
 #include <stellatrain/select/detail/keys.hpp>
-#include <stellatrain/select/selection_source.hpp>
 #include <stellatrain/select/selection.hpp>
+#include <stellatrain/select/selection_source.hpp>
 
 #include <xsimd/xsimd.hpp>
 
@@ -66,7 +66,8 @@ struct exact_topk_options {
 ///   std::vector<float> g = ...;                       // 25M gradients
 ///   std::vector<std::uint32_t> idx(250'000);
 ///   std::vector<float> val(250'000);
-///   auto stats = topk.select(pool, std::span<const float>(g), 250'000, std::span(idx), std::span(val));
+///   auto stats = topk.select(pool, std::span<const float>(g), 250'000, std::span(idx),
+///   std::span(val));
 /// \endcode
 template <class Arch = xsimd::default_arch>
 class exact_topk_selector {
@@ -86,7 +87,8 @@ class exact_topk_selector {
   /// selected need, so that no later call allocates.
   template <executor Ex>
   void reserve(Ex& ex, workspace& ws, std::uint64_t n, std::uint64_t k) const {
-    ws.candidates.reserve(ex, detail::exact_capacity(n, k, options_.min_capacity), n, options_.samples);
+    ws.candidates.reserve(ex, detail::exact_capacity(n, k, options_.min_capacity), n,
+                          options_.samples);
   }
   template <executor Ex>
   void reserve(Ex& ex, std::uint64_t n, std::uint64_t k) {
@@ -95,8 +97,9 @@ class exact_topk_selector {
 
   /// One selection from `src` (see the `selector` concept).
   template <executor Ex, class Source, class Emit>
-  selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src, std::uint64_t n,
-                              std::uint64_t k, const selection_context&, Emit&& emit) const {
+  selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src,
+                              std::uint64_t n, std::uint64_t k, const selection_context&,
+                              Emit&& emit) const {
     if (auto done = detail::select_trivial<Arch>(ex, src, n, k, emit)) return *done;
     reserve(ex, ws, n, k);
     const detail::exact_tuning tuning{.samples = options_.samples, .z = options_.margin_sigmas};
@@ -110,11 +113,13 @@ class exact_topk_selector {
   /// fit `Index`.
   template <executor Ex, value_type T, index_type Index>
   selection_stats select(Ex& ex, std::type_identity_t<std::span<const T>> x, std::uint64_t k,
-                         std::span<Index> indices, std::span<T> values, std::uint64_t index_base = 0) {
-    return detail::select_spans("exact_topk_selector::select", ex, x, k, indices, values, index_base,
-                                [&](const auto& src, auto& emit) {
+                         std::span<Index> indices, std::span<T> values,
+                         std::uint64_t index_base = 0) {
+    return detail::select_spans("exact_topk_selector::select", ex, x, k, indices, values,
+                                index_base, [&](const auto& src, auto& emit) {
                                   tensor_state none;
-                                  return select_from(ex, none, ws_.get(), src, x.size(), k, {}, emit);
+                                  return select_from(ex, none, ws_.get(), src, x.size(), k, {},
+                                                     emit);
                                 });
   }
 

@@ -43,12 +43,12 @@ struct partition_slice {
 /// together the whole tensor, together k elements when every slice holds its share), and
 /// every rank cycles through all slices in P steps. Throws `errc::invalid_argument` unless
 /// rank < parts and align >= 1.
-[[nodiscard]] inline partition_slice slice_of(partition p, std::uint64_t n, std::uint64_t k, std::uint64_t step,
-                                              std::uint64_t align = 16) {
+[[nodiscard]] inline partition_slice slice_of(partition p, std::uint64_t n, std::uint64_t k,
+                                              std::uint64_t step, std::uint64_t align = 16) {
   if (p.parts == 0 || p.rank >= p.parts || align == 0) {
     throw_error(errc::invalid_argument, "slice_of: rank " + std::to_string(p.rank) + " of " +
-                                            std::to_string(p.parts) + " parts (align " + std::to_string(align) +
-                                            ") is not a valid partition");
+                                            std::to_string(p.parts) + " parts (align " +
+                                            std::to_string(align) + ") is not a valid partition");
   }
   __extension__ using u128 = unsigned __int128;
   const std::uint64_t parts = p.parts;
@@ -58,7 +58,8 @@ struct partition_slice {
     const auto b = static_cast<std::uint64_t>(static_cast<u128>(s) * n / parts);
     return b / align * align;
   };
-  return {.begin = bound(j), .end = bound(j + 1), .k = k / parts + (j < k % parts ? 1 : 0), .slice = j};
+  return {
+      .begin = bound(j), .end = bound(j + 1), .k = k / parts + (j < k % parts ? 1 : 0), .slice = j};
 }
 
 /// Runs a `selector` on this rank's slice of every tensor (see `slice_of`): rank r of P
@@ -75,8 +76,9 @@ struct partition_slice {
 /// `selection_context::slice` (random-k keys by it).
 ///
 /// \code
-///   stellatrain::partitioned_selector<stellatrain::exact_topk_selector<>> sel({.rank = r, .parts = world});
-///   auto st = sel.select(pool, step, std::span<const float>(g), k, std::span(idx), std::span(val));
+///   stellatrain::partitioned_selector<stellatrain::exact_topk_selector<>> sel({.rank = r, .parts =
+///   world}); auto st = sel.select(pool, step, std::span<const float>(g), k, std::span(idx),
+///   std::span(val));
 /// \endcode
 template <selector Inner = exact_topk_selector<>>
 class partitioned_selector {
@@ -91,7 +93,8 @@ class partitioned_selector {
 
   partitioned_selector() = default;
   /// Throws `errc::invalid_argument` for an invalid partition (see `slice_of`).
-  explicit partitioned_selector(partition part, Inner inner = {}) : part_(part), inner_(std::move(inner)) {
+  explicit partitioned_selector(partition part, Inner inner = {})
+      : part_(part), inner_(std::move(inner)) {
     (void)slice_of(part_, 0, 0, 0);
   }
 
@@ -113,8 +116,9 @@ class partitioned_selector {
 
   /// One call (see the class comment): emits this rank's share of the k elements.
   template <executor Ex, class Source, class Emit>
-  selection_stats select_from(Ex& ex, tensor_state& state, workspace& ws, const Source& src, std::uint64_t n,
-                              std::uint64_t k, const selection_context& ctx, Emit&& emit) const {
+  selection_stats select_from(Ex& ex, tensor_state& state, workspace& ws, const Source& src,
+                              std::uint64_t n, std::uint64_t k, const selection_context& ctx,
+                              Emit&& emit) const {
     const partition_slice s = slice_of(part_, n, k, ctx.step);
     detail::consume_source<arch_type>(ex, src, s.begin);
     detail::consume_source<arch_type>(ex, src.offset_by(s.end), n - s.end);
@@ -130,7 +134,9 @@ class partitioned_selector {
       return {.count = m, .passes = 1};
     }
     if (state.slices.size() != part_.parts) state.slices.resize(part_.parts);
-    auto shifted = [&](std::uint64_t pos, std::uint64_t i, std::uint32_t bits) { emit(pos, s.begin + i, bits); };
+    auto shifted = [&](std::uint64_t pos, std::uint64_t i, std::uint32_t bits) {
+      emit(pos, s.begin + i, bits);
+    };
     const selection_context inner_ctx{.tensor = ctx.tensor, .step = ctx.step, .slice = s.slice};
     return inner_.select_from(ex, state.slices[s.slice], ws, slice_src, sn, m, inner_ctx, shifted);
   }
@@ -160,16 +166,17 @@ class partitioned_selector {
   /// (indices into `x`, plus `index_base`), keeping the inner selector's state per slice in
   /// this object. Errors as the inner selector's span interface.
   template <executor Ex, value_type T, index_type Index>
-  selection_stats select(Ex& ex, std::uint64_t step, std::type_identity_t<std::span<const T>> x, std::uint64_t k,
-                         std::span<Index> indices, std::span<T> values, std::uint64_t index_base = 0) {
+  selection_stats select(Ex& ex, std::uint64_t step, std::type_identity_t<std::span<const T>> x,
+                         std::uint64_t k, std::span<Index> indices, std::span<T> values,
+                         std::uint64_t index_base = 0) {
     const partition_slice s = slice_of(part_, x.size(), k, step);
     const auto slice = x.subspan(s.begin, s.end - s.begin);
     if (state_.slices.size() != part_.parts) state_.slices.resize(part_.parts);
     return detail::select_spans("partitioned_selector::select", ex, slice, s.k, indices, values,
                                 index_base + s.begin, [&](const auto& src, auto& emit) {
                                   const selection_context ctx{.step = step, .slice = s.slice};
-                                  return inner_.select_from(ex, state_.slices[s.slice], ws_.get(), src, slice.size(), s.k,
-                                                            ctx, emit);
+                                  return inner_.select_from(ex, state_.slices[s.slice], ws_.get(),
+                                                            src, slice.size(), s.k, ctx, emit);
                                 });
   }
 

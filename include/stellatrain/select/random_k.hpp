@@ -65,7 +65,8 @@ class random_k_selector {
   template <executor Ex>
   void reserve(Ex& ex, workspace& ws, std::uint64_t n, std::uint64_t k) const {
     const std::uint64_t words = sample_indices_workspace_words(n);
-    if (words > ws.bitmap.size()) ws.bitmap = aligned_buffer<std::uint64_t>(words, {.prefault = true}, ex);
+    if (words > ws.bitmap.size())
+      ws.bitmap = aligned_buffer<std::uint64_t>(words, {.prefault = true}, ex);
     if (k > ws.drawn.size()) ws.drawn = aligned_buffer<std::uint64_t>(k, {.prefault = true}, ex);
   }
   template <executor Ex>
@@ -76,12 +77,15 @@ class random_k_selector {
   /// One selection from `src` (see the `selector` concept): the first pass runs the source
   /// over every element (its error-feedback update), then the drawn elements are read again.
   template <executor Ex, class Source, class Emit>
-  selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src, std::uint64_t n,
-                              std::uint64_t k, const selection_context& ctx, Emit&& emit) const {
+  selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src,
+                              std::uint64_t n, std::uint64_t k, const selection_context& ctx,
+                              Emit&& emit) const {
     if (auto done = detail::select_trivial<Arch>(ex, src, n, k, emit)) return *done;
     detail::consume_source<Arch>(ex, src, n);
     reserve(ex, ws, n, k);
-    const random_key key{.seed = seed_ + ctx.slice, .step = static_cast<std::uint32_t>(ctx.step), .tensor = ctx.tensor};
+    const random_key key{.seed = seed_ + ctx.slice,
+                         .step = static_cast<std::uint32_t>(ctx.step),
+                         .tensor = ctx.tensor};
     std::span<std::uint64_t> drawn(ws.drawn.data(), static_cast<std::size_t>(k));
     sample_sorted_indices<std::uint64_t>(key, n, k, drawn, ws.bitmap.span());
     const auto rd = src.reread();
@@ -95,11 +99,12 @@ class random_k_selector {
   /// `indices` and `values` (indices ascending, offset by `index_base`). Errors as
   /// `exact_topk_selector::select`.
   template <executor Ex, value_type T, index_type Index>
-  selection_stats select(Ex& ex, random_key key, std::type_identity_t<std::span<const T>> x, std::uint64_t k,
-                         std::span<Index> indices, std::span<T> values, std::uint64_t index_base = 0) {
+  selection_stats select(Ex& ex, random_key key, std::type_identity_t<std::span<const T>> x,
+                         std::uint64_t k, std::span<Index> indices, std::span<T> values,
+                         std::uint64_t index_base = 0) {
     const std::uint64_t n = x.size();
-    detail::check_selection_args<Index>("random_k_selector::select", n, k, indices.size(), values.size(),
-                                        index_base);
+    detail::check_selection_args<Index>("random_k_selector::select", n, k, indices.size(),
+                                        values.size(), index_base);
     const std::uint64_t m = std::min(k, n);
     if (m == 0) return {};
     reserve(ex, n);
@@ -115,8 +120,9 @@ class random_k_selector {
 
   /// As above, into `out` (resized to min(k, n); its capacity grows if too small).
   template <executor Ex, value_type T, index_type Index>
-  selection_stats select(Ex& ex, random_key key, std::type_identity_t<std::span<const T>> x, std::uint64_t k,
-                         sparse_buffer<T, Index>& out, std::uint64_t index_base = 0) {
+  selection_stats select(Ex& ex, random_key key, std::type_identity_t<std::span<const T>> x,
+                         std::uint64_t k, sparse_buffer<T, Index>& out,
+                         std::uint64_t index_base = 0) {
     const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
     out.reserve(m, {.prefault = true});
     out.resize(m);

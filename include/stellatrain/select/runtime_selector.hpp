@@ -27,8 +27,8 @@ namespace stellatrain {
 
 /// Which shipped selector a `runtime_selector` runs.
 enum class selection_method : std::uint8_t {
-  exact_topk = 1,         ///< `exact_topk_selector`: the k largest |x|
-  threshold = 2,          ///< `threshold_selector`: persistent per-tensor bound, exact in steady state
+  exact_topk = 1,  ///< `exact_topk_selector`: the k largest |x|
+  threshold = 2,   ///< `threshold_selector`: persistent per-tensor bound, exact in steady state
   sampled_threshold = 3,  ///< `sampled_threshold_selector`: DGC-style estimate, one pass
   block_topk = 4,         ///< `block_topk_selector`: whole 64-byte blocks
   random_k = 5,           ///< `random_k_selector`: indices from (seed + slice, step, tensor id)
@@ -57,14 +57,16 @@ struct runtime_selector_options {
 ///
 /// \code
 ///   stellatrain::runtime_selector<> sel({.method = parse_method(argv[1])});
-///   stellatrain::error_feedback_compressor<stellatrain::runtime_selector<>, stellatrain::bf16> ef(sel);
+///   stellatrain::error_feedback_compressor<stellatrain::runtime_selector<>, stellatrain::bf16>
+///   ef(sel);
 /// \endcode
 template <class Arch = xsimd::default_arch>
 class runtime_selector {
-  using alternatives =
-      std::variant<partitioned_selector<exact_topk_selector<Arch>>, partitioned_selector<threshold_selector<Arch>>,
-                   partitioned_selector<sampled_threshold_selector<Arch>>,
-                   partitioned_selector<block_topk_selector<Arch>>, partitioned_selector<random_k_selector<Arch>>>;
+  using alternatives = std::variant<partitioned_selector<exact_topk_selector<Arch>>,
+                                    partitioned_selector<threshold_selector<Arch>>,
+                                    partitioned_selector<sampled_threshold_selector<Arch>>,
+                                    partitioned_selector<block_topk_selector<Arch>>,
+                                    partitioned_selector<random_k_selector<Arch>>>;
 
   template <class V>
   struct per_alternative;
@@ -82,21 +84,26 @@ class runtime_selector {
 
   runtime_selector() : runtime_selector(runtime_selector_options{}) {}
   /// Throws `errc::invalid_argument` for an unknown method or an invalid partition.
-  explicit runtime_selector(runtime_selector_options options) : options_(options), selector_(make(options)) {}
+  explicit runtime_selector(runtime_selector_options options)
+      : options_(options), selector_(make(options)) {}
 
   [[nodiscard]] const runtime_selector_options& options() const noexcept { return options_; }
   [[nodiscard]] selection_method method() const noexcept { return options_.method; }
 
   template <executor Ex>
   void reserve(Ex& ex, workspace& ws, std::uint64_t n, std::uint64_t k) const {
-    visit([&](const auto& sel, auto index) { sel.reserve(ex, alternative<decltype(index)::value>(ws), n, k); });
+    visit([&](const auto& sel, auto index) {
+      sel.reserve(ex, alternative<decltype(index)::value>(ws), n, k);
+    });
   }
 
   template <executor Ex, class Source, class Emit>
-  selection_stats select_from(Ex& ex, tensor_state& state, workspace& ws, const Source& src, std::uint64_t n,
-                              std::uint64_t k, const selection_context& ctx, Emit&& emit) const {
+  selection_stats select_from(Ex& ex, tensor_state& state, workspace& ws, const Source& src,
+                              std::uint64_t n, std::uint64_t k, const selection_context& ctx,
+                              Emit&& emit) const {
     return visit([&](const auto& sel, auto index) -> selection_stats {
-      return sel.select_from(ex, alternative<decltype(index)::value>(state), alternative<decltype(index)::value>(ws), src, n, k, ctx, emit);
+      return sel.select_from(ex, alternative<decltype(index)::value>(state),
+                             alternative<decltype(index)::value>(ws), src, n, k, ctx, emit);
     });
   }
 
@@ -117,7 +124,8 @@ class runtime_selector {
     const auto method = r.get<selection_method>();
     if (method != options_.method) {
       throw_error(errc::invalid_argument, "runtime_selector::load: a state of selection method " +
-                                              std::to_string(static_cast<int>(method)) + ", this selector runs " +
+                                              std::to_string(static_cast<int>(method)) +
+                                              ", this selector runs " +
                                               std::to_string(static_cast<int>(options_.method)));
     }
     visit([&](const auto& sel, auto index) {
@@ -132,16 +140,20 @@ class runtime_selector {
   static alternatives make(const runtime_selector_options& o) {
     switch (o.method) {
       case selection_method::exact_topk:
-        return partitioned_selector<exact_topk_selector<Arch>>(o.part, exact_topk_selector<Arch>(o.exact));
+        return partitioned_selector<exact_topk_selector<Arch>>(o.part,
+                                                               exact_topk_selector<Arch>(o.exact));
       case selection_method::threshold:
-        return partitioned_selector<threshold_selector<Arch>>(o.part, threshold_selector<Arch>(o.threshold));
+        return partitioned_selector<threshold_selector<Arch>>(
+            o.part, threshold_selector<Arch>(o.threshold));
       case selection_method::sampled_threshold:
-        return partitioned_selector<sampled_threshold_selector<Arch>>(o.part,
-                                                                      sampled_threshold_selector<Arch>(o.sampled));
+        return partitioned_selector<sampled_threshold_selector<Arch>>(
+            o.part, sampled_threshold_selector<Arch>(o.sampled));
       case selection_method::block_topk:
-        return partitioned_selector<block_topk_selector<Arch>>(o.part, block_topk_selector<Arch>(o.block));
+        return partitioned_selector<block_topk_selector<Arch>>(o.part,
+                                                               block_topk_selector<Arch>(o.block));
       case selection_method::random_k:
-        return partitioned_selector<random_k_selector<Arch>>(o.part, random_k_selector<Arch>(o.seed));
+        return partitioned_selector<random_k_selector<Arch>>(o.part,
+                                                             random_k_selector<Arch>(o.seed));
     }
     throw_error(errc::invalid_argument, "runtime_selector: unknown selection method " +
                                             std::to_string(static_cast<int>(o.method)));

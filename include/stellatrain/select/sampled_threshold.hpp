@@ -10,9 +10,9 @@
 #include <stellatrain/select/detail/candidate_pass.hpp>
 #include <stellatrain/select/detail/exact_select.hpp>
 #include <stellatrain/select/detail/keys.hpp>
-#include <stellatrain/select/selection_source.hpp>
 #include <stellatrain/select/exact_topk.hpp>
 #include <stellatrain/select/selection.hpp>
+#include <stellatrain/select/selection_source.hpp>
 
 #include <xsimd/xsimd.hpp>
 
@@ -38,23 +38,26 @@ struct sampled_threshold_options {
 
 namespace detail {
 
-[[nodiscard]] inline std::uint64_t sampled_count(std::uint64_t n, const sampled_threshold_options& o) noexcept {
+[[nodiscard]] inline std::uint64_t sampled_count(std::uint64_t n,
+                                                 const sampled_threshold_options& o) noexcept {
   const double s = std::ceil(static_cast<double>(n) * std::clamp(o.sample_fraction, 0.0, 1.0));
-  return std::clamp<std::uint64_t>(std::max<std::uint64_t>(static_cast<std::uint64_t>(s), o.min_samples), 1, n);
+  return std::clamp<std::uint64_t>(
+      std::max<std::uint64_t>(static_cast<std::uint64_t>(s), o.min_samples), 1, n);
 }
 
 /// One sampled-threshold selection of `src` (0 < k < n).
 template <class Arch, class Source, executor Ex, class Emit>
 select_outcome sampled_threshold_select(Ex& ex, const Source& src, std::uint64_t n, std::uint64_t k,
-                                        const sampled_threshold_options& options, candidate_workspace& ws,
-                                        radix_workspace& rw, Emit&& emit) {
+                                        const sampled_threshold_options& options,
+                                        candidate_workspace& ws, radix_workspace& rw, Emit&& emit) {
   constexpr std::uint32_t key_mask = Source::key_mask;
   [[maybe_unused]] const auto awake = stay_awake(ex);  // several bulk calls follow
   const std::uint64_t samples = sampled_count(n, options);
   ws.reserve(ex, threshold_capacity(n, k, options.min_capacity), n, samples);
   std::uint32_t low = 0;
   if (n > ws.capacity()) {
-    low = sample_low_key(ex, src, n, k, samples, options.margin_sigmas, /*jitter=*/false, ws.keys.data());
+    low = sample_low_key(ex, src, n, k, samples, options.margin_sigmas, /*jitter=*/false,
+                         ws.keys.data());
   }
   const collect_result r = collect_candidates<Arch>(ex, src, n, low, {0, 0}, ws);
   select_outcome outcome;
@@ -119,22 +122,25 @@ class sampled_threshold_selector {
 
   /// One selection from `src` (see the `selector` concept).
   template <executor Ex, class Source, class Emit>
-  selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src, std::uint64_t n,
-                              std::uint64_t k, const selection_context&, Emit&& emit) const {
+  selection_stats select_from(Ex& ex, tensor_state&, workspace& ws, const Source& src,
+                              std::uint64_t n, std::uint64_t k, const selection_context&,
+                              Emit&& emit) const {
     if (auto done = detail::select_trivial<Arch>(ex, src, n, k, emit)) return *done;
-    return detail::stats_of(
-        detail::sampled_threshold_select<Arch>(ex, src, n, k, options_, ws.candidates, ws.radix, emit));
+    return detail::stats_of(detail::sampled_threshold_select<Arch>(ex, src, n, k, options_,
+                                                                   ws.candidates, ws.radix, emit));
   }
 
   /// Writes min(k, n) elements of `x` to the front of `indices` and `values` (indices
   /// ascending, offset by `index_base`). Errors as `exact_topk_selector::select`.
   template <executor Ex, value_type T, index_type Index>
   selection_stats select(Ex& ex, std::type_identity_t<std::span<const T>> x, std::uint64_t k,
-                         std::span<Index> indices, std::span<T> values, std::uint64_t index_base = 0) {
-    return detail::select_spans("sampled_threshold_selector::select", ex, x, k, indices, values, index_base,
-                                [&](const auto& src, auto& emit) {
+                         std::span<Index> indices, std::span<T> values,
+                         std::uint64_t index_base = 0) {
+    return detail::select_spans("sampled_threshold_selector::select", ex, x, k, indices, values,
+                                index_base, [&](const auto& src, auto& emit) {
                                   tensor_state none;
-                                  return select_from(ex, none, ws_.get(), src, x.size(), k, {}, emit);
+                                  return select_from(ex, none, ws_.get(), src, x.size(), k, {},
+                                                     emit);
                                 });
   }
 

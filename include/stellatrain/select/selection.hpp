@@ -19,8 +19,8 @@
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
-#include <stellatrain/core/sparse.hpp>
 #include <stellatrain/core/saved_state.hpp>
+#include <stellatrain/core/sparse.hpp>
 #include <stellatrain/select/selection_source.hpp>
 
 #include <concepts>
@@ -50,16 +50,17 @@ void check_selection_args(const char* who, std::uint64_t n, std::uint64_t k, std
                           std::size_t values, std::uint64_t index_base) {
   const std::uint64_t m = k < n ? k : n;
   if (indices < m || values < m) {
-    throw_error(errc::invalid_argument, std::string(who) + ": output holds " + std::to_string(indices) +
-                                            " indices and " + std::to_string(values) + " values, " +
-                                            std::to_string(m) + " needed");
+    throw_error(errc::invalid_argument,
+                std::string(who) + ": output holds " + std::to_string(indices) + " indices and " +
+                    std::to_string(values) + " values, " + std::to_string(m) + " needed");
   }
   if (n == 0) return;
   constexpr std::uint64_t max_index = std::numeric_limits<Index>::max();
   if (n - 1 > max_index || index_base > max_index - (n - 1)) {
-    throw_error(errc::out_of_range, std::string(who) + ": indices up to " + std::to_string(index_base) +
-                                        " + " + std::to_string(n - 1) + " do not fit a " +
-                                        std::to_string(8 * sizeof(Index)) + "-bit index");
+    throw_error(errc::out_of_range, std::string(who) + ": indices up to " +
+                                        std::to_string(index_base) + " + " + std::to_string(n - 1) +
+                                        " do not fit a " + std::to_string(8 * sizeof(Index)) +
+                                        "-bit index");
   }
 }
 
@@ -97,7 +98,8 @@ class copy_fresh {
 // (every element), else `run(src, emit)` with a sink that writes (index_base + i, value).
 template <class T, class Index, executor Ex, class Run>
 selection_stats select_spans(const char* who, Ex& ex, std::span<const T> x, std::uint64_t k,
-                             std::span<Index> indices, std::span<T> values, std::uint64_t index_base, Run&& run) {
+                             std::span<Index> indices, std::span<T> values,
+                             std::uint64_t index_base, Run&& run) {
   const std::uint64_t n = x.size();
   check_selection_args<Index>(who, n, k, indices.size(), values.size(), index_base);
   if (k == 0 || n == 0) return {};
@@ -115,8 +117,8 @@ selection_stats select_spans(const char* who, Ex& ex, std::span<const T> x, std:
 // The calls of a selector's `select_from` that need no selection: k = 0 (the first pass
 // only) and k >= n (the first pass, then every element). Empty when the call is the selector's.
 template <class Arch, class Source, executor Ex, class Emit>
-std::optional<selection_stats> select_trivial(Ex& ex, const Source& src, std::uint64_t n, std::uint64_t k,
-                                              Emit& emit) {
+std::optional<selection_stats> select_trivial(Ex& ex, const Source& src, std::uint64_t n,
+                                              std::uint64_t k, Emit& emit) {
   if (k > 0 && k < n) return std::nullopt;
   consume_source<Arch>(ex, src, n);
   if (k == 0) return selection_stats{.passes = 1};
@@ -135,7 +137,7 @@ struct selector_arch_of {
   using type = xsimd::default_arch;
 };
 template <class S>
-  requires requires { typename S::arch_type; }
+requires requires { typename S::arch_type; }
 struct selector_arch_of<S> {
   using type = typename S::arch_type;
 };
@@ -197,29 +199,30 @@ struct emit_archetype {
 ///     template <stellatrain::executor Ex>
 ///     void reserve(Ex&, workspace&, std::uint64_t, std::uint64_t) const {}
 ///     template <stellatrain::executor Ex, class Source, class Emit>
-///     stellatrain::selection_stats select_from(Ex&, tensor_state&, workspace&, const Source& src, std::uint64_t n,
-///                                              std::uint64_t k, const stellatrain::selection_context&,
-///                                              Emit&& emit) const {
+///     stellatrain::selection_stats select_from(Ex&, tensor_state&, workspace&, const Source& src,
+///     std::uint64_t n,
+///                                              std::uint64_t k, const
+///                                              stellatrain::selection_context&, Emit&& emit) const
+///                                              {
 ///       const std::uint64_t m = std::min(k, n);
 ///       for (std::uint64_t i = 0; i < n; ++i) (void)src.load_scalar(i);  // every element once
-///       const auto values = src.reread();                                 // what that pass produced
-///       for (std::uint64_t i = 0; i < m; ++i) emit(i, i, values.load_scalar(i));
-///       return {.count = m, .exact = m == n, .passes = 1};
+///       const auto values = src.reread();                                 // what that pass
+///       produced for (std::uint64_t i = 0; i < m; ++i) emit(i, i, values.load_scalar(i)); return
+///       {.count = m, .exact = m == n, .passes = 1};
 ///     }
 ///   };
 ///   static_assert(stellatrain::selector<first_k_selector>);
 /// \endcode
 template <class S>
-concept selector =
-    std::default_initializable<typename S::tensor_state> && std::copyable<typename S::tensor_state> &&
-    std::default_initializable<typename S::workspace> && std::movable<typename S::workspace> &&
-    requires(const S& cs, inline_executor& ex, typename S::tensor_state& state, typename S::workspace& ws,
-             const plain_source<float>& src, std::uint64_t n, std::uint64_t k, const selection_context& ctx,
-             detail::emit_archetype& emit) {
-      cs.reserve(ex, ws, n, k);
-      { cs.select_from(ex, state, ws, src, n, k, ctx, emit) } -> std::convertible_to<selection_stats>;
-    } &&
-    (std::is_empty_v<typename S::tensor_state> ||
+concept selector = std::default_initializable<typename S::tensor_state> &&
+    std::copyable<typename S::tensor_state> && std::default_initializable<typename S::workspace> &&
+    std::movable<typename S::workspace> &&
+    requires(const S& cs, inline_executor& ex, typename S::tensor_state& state,
+             typename S::workspace& ws, const plain_source<float>& src, std::uint64_t n,
+             std::uint64_t k, const selection_context& ctx, detail::emit_archetype& emit) {
+  cs.reserve(ex, ws, n, k);
+  { cs.select_from(ex, state, ws, src, n, k, ctx, emit) } -> std::convertible_to<selection_stats>;
+} &&(std::is_empty_v<typename S::tensor_state> ||
      requires(const S& cs, const typename S::tensor_state& saved, typename S::tensor_state& state,
               state_record_writer& w, state_record_reader& r) {
        cs.save(saved, w);

@@ -52,10 +52,12 @@ using selection_lanes = xsimd::batch<std::int32_t, Arch>;
 ///     static constexpr std::uint32_t key_mask = 0x7fffffffu;
 ///     const float* x;
 ///     std::uint32_t* reads;
-///     std::uint32_t load_scalar(std::uint64_t i) const { ++reads[i]; return std::bit_cast<std::uint32_t>(x[i]); }
-///     template <class Arch> stellatrain::selection_lanes<Arch> load(std::uint64_t i) const {
+///     std::uint32_t load_scalar(std::uint64_t i) const { ++reads[i]; return
+///     std::bit_cast<std::uint32_t>(x[i]); } template <class Arch>
+///     stellatrain::selection_lanes<Arch> load(std::uint64_t i) const {
 ///       for (std::size_t l = 0; l < stellatrain::selection_lanes<Arch>::size; ++l) ++reads[i + l];
-///       return xsimd::bitwise_cast<stellatrain::selection_lanes<Arch>>(xsimd::batch<float, Arch>::load_unaligned(x + i));
+///       return xsimd::bitwise_cast<stellatrain::selection_lanes<Arch>>(xsimd::batch<float,
+///       Arch>::load_unaligned(x + i));
 ///     }
 ///     std::uint32_t peek(std::uint64_t i) const { return std::bit_cast<std::uint32_t>(x[i]); }
 ///     void prefetch(std::uint64_t) const {}
@@ -64,19 +66,17 @@ using selection_lanes = xsimd::batch<std::int32_t, Arch>;
 ///   };
 /// \endcode
 template <class S, class Arch = scalar_arch>
-concept selection_source =
-    value_type<typename S::value_type> && std::copy_constructible<S> &&
+concept selection_source = value_type<typename S::value_type> && std::copy_constructible<S> &&
     requires(const S& s, std::uint64_t i) {
-      { S::key_mask } -> std::convertible_to<std::uint32_t>;
-      { s.load_scalar(i) } -> std::same_as<std::uint32_t>;
-      { s.peek(i) } -> std::same_as<std::uint32_t>;
-      s.prefetch(i);
-      { s.reread().load_scalar(i) } -> std::same_as<std::uint32_t>;
-      { s.offset_by(i) } -> std::same_as<S>;
-    } &&
-    (std::is_same_v<Arch, scalar_arch> || requires(const S& s, std::uint64_t i) {
-      { s.template load<Arch>(i) } -> std::same_as<selection_lanes<Arch>>;
-    });
+  { S::key_mask } -> std::convertible_to<std::uint32_t>;
+  { s.load_scalar(i) } -> std::same_as<std::uint32_t>;
+  { s.peek(i) } -> std::same_as<std::uint32_t>;
+  s.prefetch(i);
+  { s.reread().load_scalar(i) } -> std::same_as<std::uint32_t>;
+  { s.offset_by(i) } -> std::same_as<S>;
+} &&(std::is_same_v<Arch, scalar_arch> || requires(const S& s, std::uint64_t i) {
+  { s.template load<Arch>(i) } -> std::same_as<selection_lanes<Arch>>;
+});
 
 /// Reads a tensor of `T` as it is.
 template <value_type T>
@@ -86,7 +86,8 @@ struct plain_source {
   const T* data = nullptr;
 
   template <class Arch>
-  [[nodiscard]] STELLATRAIN_FORCE_INLINE selection_lanes<Arch> load(std::uint64_t i) const noexcept {
+  [[nodiscard]] STELLATRAIN_FORCE_INLINE selection_lanes<Arch> load(
+      std::uint64_t i) const noexcept {
     if constexpr (std::is_same_v<T, float>) {
       return detail::lane_ops<Arch>::load_bits(data + i);
     } else {
@@ -99,8 +100,12 @@ struct plain_source {
     return detail::raw_bits(data[i]);
   }
   /// Hints that element i will be read soon (a no-op past the end).
-  STELLATRAIN_FORCE_INLINE void prefetch(std::uint64_t i) const noexcept { __builtin_prefetch(data + i); }
-  [[nodiscard]] std::uint32_t peek(std::uint64_t i) const noexcept { return detail::raw_bits(data[i]); }
+  STELLATRAIN_FORCE_INLINE void prefetch(std::uint64_t i) const noexcept {
+    __builtin_prefetch(data + i);
+  }
+  [[nodiscard]] std::uint32_t peek(std::uint64_t i) const noexcept {
+    return detail::raw_bits(data[i]);
+  }
   [[nodiscard]] plain_source reread() const noexcept { return *this; }
   [[nodiscard]] plain_source offset_by(std::uint64_t b) const noexcept { return {data + b}; }
 };
@@ -114,7 +119,8 @@ struct error_feedback_source {
   float* r = nullptr;
 
   template <class Arch>
-  [[nodiscard]] STELLATRAIN_FORCE_INLINE selection_lanes<Arch> load(std::uint64_t i) const noexcept {
+  [[nodiscard]] STELLATRAIN_FORCE_INLINE selection_lanes<Arch> load(
+      std::uint64_t i) const noexcept {
     using fbatch = typename detail::lane_ops<Arch>::fbatch;
     const fbatch acc = fbatch::load_unaligned(g + i) + fbatch::load_unaligned(r + i);
     acc.store_unaligned(r + i);
@@ -125,13 +131,17 @@ struct error_feedback_source {
     r[i] = acc;
     return detail::raw_bits(acc);
   }
-  [[nodiscard]] std::uint32_t peek(std::uint64_t i) const noexcept { return detail::raw_bits(g[i] + r[i]); }
+  [[nodiscard]] std::uint32_t peek(std::uint64_t i) const noexcept {
+    return detail::raw_bits(g[i] + r[i]);
+  }
   STELLATRAIN_FORCE_INLINE void prefetch(std::uint64_t i) const noexcept {
     __builtin_prefetch(g + i);
     __builtin_prefetch(r + i, 1);
   }
   [[nodiscard]] plain_source<float> reread() const noexcept { return {r}; }
-  [[nodiscard]] error_feedback_source offset_by(std::uint64_t b) const noexcept { return {g + b, r + b}; }
+  [[nodiscard]] error_feedback_source offset_by(std::uint64_t b) const noexcept {
+    return {g + b, r + b};
+  }
 };
 
 /// Error feedback with DGC momentum correction: u = mu * u + g (momentum), v = v + u (the
@@ -145,7 +155,8 @@ struct momentum_source {
   float mu = 0.0f;
 
   template <class Arch>
-  [[nodiscard]] STELLATRAIN_FORCE_INLINE selection_lanes<Arch> load(std::uint64_t i) const noexcept {
+  [[nodiscard]] STELLATRAIN_FORCE_INLINE selection_lanes<Arch> load(
+      std::uint64_t i) const noexcept {
     using fbatch = typename detail::lane_ops<Arch>::fbatch;
     const fbatch m = fbatch::load_unaligned(u + i) * fbatch(mu) + fbatch::load_unaligned(g + i);
     const fbatch acc = fbatch::load_unaligned(v + i) + m;
@@ -160,14 +171,18 @@ struct momentum_source {
     v[i] = acc;
     return detail::raw_bits(acc);
   }
-  [[nodiscard]] std::uint32_t peek(std::uint64_t i) const noexcept { return detail::raw_bits(v[i] + (u[i] * mu + g[i])); }
+  [[nodiscard]] std::uint32_t peek(std::uint64_t i) const noexcept {
+    return detail::raw_bits(v[i] + (u[i] * mu + g[i]));
+  }
   STELLATRAIN_FORCE_INLINE void prefetch(std::uint64_t i) const noexcept {
     __builtin_prefetch(g + i);
     __builtin_prefetch(u + i, 1);
     __builtin_prefetch(v + i, 1);
   }
   [[nodiscard]] plain_source<float> reread() const noexcept { return {v}; }
-  [[nodiscard]] momentum_source offset_by(std::uint64_t b) const noexcept { return {g + b, u + b, v + b, mu}; }
+  [[nodiscard]] momentum_source offset_by(std::uint64_t b) const noexcept {
+    return {g + b, u + b, v + b, mu};
+  }
 };
 
 static_assert(selection_source<plain_source<float>, xsimd::default_arch>);

@@ -10,9 +10,9 @@
 #include <stellatrain/select/detail/candidate_pass.hpp>
 #include <stellatrain/select/detail/exact_select.hpp>
 #include <stellatrain/select/detail/keys.hpp>
-#include <stellatrain/select/selection_source.hpp>
 #include <stellatrain/select/exact_topk.hpp>
 #include <stellatrain/select/selection.hpp>
+#include <stellatrain/select/selection_source.hpp>
 
 #include <xsimd/xsimd.hpp>
 
@@ -39,14 +39,15 @@ struct threshold_options {
 /// Per-tensor state of threshold selection. Plain data: copy it, save it with a checkpoint,
 /// restore it, and the next call continues exactly as the uninterrupted run would.
 struct threshold_state {
-  std::uint32_t low_key = 0;     ///< magnitude key the next call's band starts at (0: not bootstrapped)
-  std::uint32_t kth_key = 0;     ///< magnitude key of the k-th element of the last call
-  std::uint64_t tensor_size = 0; ///< n the bound was derived for (another n re-bootstraps)
-  std::uint64_t target = 0;      ///< band size the bound aims at: ceil(k (1 + margin))
-  dtype element = dtype::f32;    ///< element type the keys belong to
-  std::uint64_t calls = 0;       ///< calls so far
+  std::uint32_t low_key =
+      0;  ///< magnitude key the next call's band starts at (0: not bootstrapped)
+  std::uint32_t kth_key = 0;          ///< magnitude key of the k-th element of the last call
+  std::uint64_t tensor_size = 0;      ///< n the bound was derived for (another n re-bootstraps)
+  std::uint64_t target = 0;           ///< band size the bound aims at: ceil(k (1 + margin))
+  dtype element = dtype::f32;         ///< element type the keys belong to
+  std::uint64_t calls = 0;            ///< calls so far
   std::uint64_t last_candidates = 0;  ///< elements in the band on the last call
-  std::uint64_t deficits = 0;    ///< calls whose band held fewer than k (filled, approximate)
+  std::uint64_t deficits = 0;         ///< calls whose band held fewer than k (filled, approximate)
   std::uint64_t fallbacks = 0;   ///< calls whose band overflowed the store (exact, more passes)
   std::uint64_t bootstraps = 0;  ///< calls that derived the bound by exact selection
 };
@@ -80,23 +81,26 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
   constexpr std::uint32_t key_mask = Source::key_mask;
   [[maybe_unused]] const auto awake = stay_awake(ex);  // several bulk calls follow
   const double target_d = std::ceil(static_cast<double>(k) * (1.0 + std::max(0.0, options.margin)));
-  const std::uint64_t target = std::clamp<std::uint64_t>(static_cast<std::uint64_t>(target_d), k, n);
+  const std::uint64_t target =
+      std::clamp<std::uint64_t>(static_cast<std::uint64_t>(target_d), k, n);
   ws.reserve(ex, threshold_capacity(n, k, options.min_capacity), n, options.bootstrap.samples);
 
-  const bool bootstrap = state.low_key == 0 || state.tensor_size != n || state.element != dtype_of<T> ||
-                         k > state.target;
+  const bool bootstrap = state.low_key == 0 || state.tensor_size != n ||
+                         state.element != dtype_of<T> || k > state.target;
   select_outcome outcome;
   collect_result band;
   kth_search first_level;
   bool have_first_level = false;
   std::uint32_t edges[2] = {0, 0};
   if (bootstrap) {
-    const exact_tuning tuning{.samples = options.bootstrap.samples, .z = options.bootstrap.margin_sigmas};
+    const exact_tuning tuning{.samples = options.bootstrap.samples,
+                              .z = options.bootstrap.margin_sigmas};
     outcome = select_exact<Arch>(ex, src, n, k, target, tuning, ws, rw, emit);
     ++state.bootstraps;
   } else {
     const float low_mag = magnitude_of_key<T>(state.low_key);
-    for (int j = 0; j < 2; ++j) edges[j] = std::max<std::uint32_t>(1, key_at_most<T>(low_mag * threshold_edge_ratio[j]));
+    for (int j = 0; j < 2; ++j)
+      edges[j] = std::max<std::uint32_t>(1, key_at_most<T>(low_mag * threshold_edge_ratio[j]));
     band = collect_candidates<Arch, 2>(ex, src, n, state.low_key, {edges[0], edges[1]}, ws);
     outcome.passes = 1;
     if (band.overflow) {
@@ -152,7 +156,8 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
     next = m > 0.0f ? std::max<std::uint32_t>(key_at_most<T>(m), 1) : 0;
   } else {
     // Only the k-th key is known: step below it.
-    next = std::max<std::uint32_t>(key_at_most<T>(magnitude_of_key<T>(outcome.kth_key) * threshold_edge_ratio[0]), 1);
+    next = std::max<std::uint32_t>(
+        key_at_most<T>(magnitude_of_key<T>(outcome.kth_key) * threshold_edge_ratio[0]), 1);
   }
   state.low_key = next;
   state.kth_key = outcome.kth_key;
@@ -196,7 +201,8 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
 ///   stellatrain::threshold_selector<> sel;
 ///   stellatrain::threshold_state state;                // one per tensor, kept across steps
 ///   for (int step = 0; step < steps; ++step) {
-///     auto stats = sel.select(pool, state, std::span<const float>(grad), k, std::span(idx), std::span(val));
+///     auto stats = sel.select(pool, state, std::span<const float>(grad), k, std::span(idx),
+///     std::span(val));
 ///   }
 /// \endcode
 template <class Arch = xsimd::default_arch>
@@ -227,8 +233,9 @@ class threshold_selector {
   /// One selection from `src` with the bound in `state`, which it updates (see
   /// the `selector` concept).
   template <executor Ex, class Source, class Emit>
-  selection_stats select_from(Ex& ex, threshold_state& state, workspace& ws, const Source& src, std::uint64_t n,
-                              std::uint64_t k, const selection_context&, Emit&& emit) const {
+  selection_stats select_from(Ex& ex, threshold_state& state, workspace& ws, const Source& src,
+                              std::uint64_t n, std::uint64_t k, const selection_context&,
+                              Emit&& emit) const {
     if (auto done = detail::select_trivial<Arch>(ex, src, n, k, emit)) return *done;
     return detail::stats_of(detail::threshold_select<Arch, typename Source::value_type>(
         ex, src, n, k, options_, state, ws.candidates, ws.radix, emit));
@@ -272,14 +279,16 @@ class threshold_selector {
                          std::uint64_t index_base = 0) {
     return detail::select_spans("threshold_selector::select", ex, x, k, indices, values, index_base,
                                 [&](const auto& src, auto& emit) {
-                                  return select_from(ex, state, ws_.get(), src, x.size(), k, {}, emit);
+                                  return select_from(ex, state, ws_.get(), src, x.size(), k, {},
+                                                     emit);
                                 });
   }
 
   /// As above, into `out` (resized to min(k, n); its capacity grows if too small).
   template <executor Ex, value_type T, index_type Index>
   selection_stats select(Ex& ex, threshold_state& state, std::type_identity_t<std::span<const T>> x,
-                         std::uint64_t k, sparse_buffer<T, Index>& out, std::uint64_t index_base = 0) {
+                         std::uint64_t k, sparse_buffer<T, Index>& out,
+                         std::uint64_t index_base = 0) {
     const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
     out.reserve(m, {.prefault = true});
     out.resize(m);

@@ -34,7 +34,8 @@ using out_value_t = std::conditional_t<std::is_void_v<Out>, In, Out>;
 ///   void* ws;  cudaMalloc(&ws, bytes);   // once, reused every step
 /// \endcode
 template <value_type T>
-[[nodiscard]] std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k, const topk_cuda_options& options = {}) {
+[[nodiscard]] std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k,
+                                               const topk_cuda_options& options = {}) {
   return detail::topk_workspace_layout<T>(n, k, options, "topk_workspace_bytes").total;
 }
 
@@ -80,14 +81,16 @@ template <value_type Value, index_type Index = std::uint32_t>
 ///   auto sel = stellatrain::read_selection<float, std::uint32_t>({h_out, out_bytes});
 /// \endcode
 template <index_type Index = std::uint32_t, class Out = void, value_type T>
-void select_topk(cuda_stream ctx, const T* x, std::uint64_t n, std::uint64_t k, std::span<std::byte> device_out,
-                 std::span<std::byte> device_workspace, const topk_cuda_options& options = {}) {
+void select_topk(cuda_stream ctx, const T* x, std::uint64_t n, std::uint64_t k,
+                 std::span<std::byte> device_out, std::span<std::byte> device_workspace,
+                 const topk_cuda_options& options = {}) {
   using out_t = detail::out_value_t<Out, T>;
-  const auto call = detail::prepare_topk_call<T, Index, out_t>("select_topk", ctx, x, n, k, device_out,
-                                                               device_workspace, nullptr, options);
+  const auto call = detail::prepare_topk_call<T, Index, out_t>(
+      "select_topk", ctx, x, n, k, device_out, device_workspace, nullptr, options);
   const std::size_t value_offset = selection_value_offset(call.k, dtype_of<Index>);
-  detail::plain_emitter<T, out_t, Index> emit{x, reinterpret_cast<Index*>(device_out.data() + selection_index_offset()),
-                                             reinterpret_cast<out_t*>(device_out.data() + value_offset), call.k};
+  detail::plain_emitter<T, out_t, Index> emit{
+      x, reinterpret_cast<Index*>(device_out.data() + selection_index_offset()),
+      reinterpret_cast<out_t*>(device_out.data() + value_offset), call.k};
   detail::run_selection<T, Index, out_t>(call, detail::device_plain_source<T>{x}, x, emit);
 }
 
@@ -110,14 +113,17 @@ void select_topk(cuda_stream ctx, const T* x, std::uint64_t n, std::uint64_t k, 
 template <index_type Index = std::uint32_t, class Out = void, value_type T>
 void select_topk_threshold(cuda_stream ctx, const T* x, std::uint64_t n, std::uint64_t k,
                            topk_threshold_state* device_state, std::span<std::byte> device_out,
-                           std::span<std::byte> device_workspace, const topk_cuda_options& options = {}) {
+                           std::span<std::byte> device_workspace,
+                           const topk_cuda_options& options = {}) {
   using out_t = detail::out_value_t<Out, T>;
-  if (device_state == nullptr) throw_error(errc::invalid_argument, "select_topk_threshold: null threshold state");
-  const auto call = detail::prepare_topk_call<T, Index, out_t>("select_topk_threshold", ctx, x, n, k, device_out,
-                                                               device_workspace, device_state, options);
+  if (device_state == nullptr)
+    throw_error(errc::invalid_argument, "select_topk_threshold: null threshold state");
+  const auto call = detail::prepare_topk_call<T, Index, out_t>(
+      "select_topk_threshold", ctx, x, n, k, device_out, device_workspace, device_state, options);
   const std::size_t value_offset = selection_value_offset(call.k, dtype_of<Index>);
-  detail::plain_emitter<T, out_t, Index> emit{x, reinterpret_cast<Index*>(device_out.data() + selection_index_offset()),
-                                             reinterpret_cast<out_t*>(device_out.data() + value_offset), call.k};
+  detail::plain_emitter<T, out_t, Index> emit{
+      x, reinterpret_cast<Index*>(device_out.data() + selection_index_offset()),
+      reinterpret_cast<out_t*>(device_out.data() + value_offset), call.k};
   detail::run_selection<T, Index, out_t>(call, detail::device_plain_source<T>{x}, x, emit);
 }
 
@@ -128,17 +134,22 @@ void select_topk_threshold(cuda_stream ctx, const T* x, std::uint64_t n, std::ui
 /// Workspace: the same as for the selection. Asynchronous on `ctx.stream`.
 template <value_type T>
 void estimate_threshold_sampled(cuda_stream ctx, const T* x, std::uint64_t n, std::uint64_t k,
-                                topk_threshold_state* device_state, std::span<std::byte> device_workspace,
+                                topk_threshold_state* device_state,
+                                std::span<std::byte> device_workspace,
                                 const topk_cuda_options& options = {}) {
-  if (n != 0 && x == nullptr) throw_error(errc::invalid_argument, "estimate_threshold_sampled: null input");
-  detail::run_sampled_threshold<T>(ctx.stream, detail::device_plain_source<T>{x}, n, k, device_state, device_workspace,
-                                   options, "estimate_threshold_sampled");
+  if (n != 0 && x == nullptr)
+    throw_error(errc::invalid_argument, "estimate_threshold_sampled: null input");
+  detail::run_sampled_threshold<T>(ctx.stream, detail::device_plain_source<T>{x}, n, k,
+                                   device_state, device_workspace, options,
+                                   "estimate_threshold_sampled");
 }
 
 /// Clears a threshold state (no threshold, no statistics), asynchronously on `ctx.stream`.
 inline void reset_threshold_state(cuda_stream ctx, topk_threshold_state* device_state) {
-  if (device_state == nullptr) throw_error(errc::invalid_argument, "reset_threshold_state: null state");
-  STELLATRAIN_CUDA_CHECK(cudaMemsetAsync(device_state, 0, sizeof(topk_threshold_state), ctx.stream));
+  if (device_state == nullptr)
+    throw_error(errc::invalid_argument, "reset_threshold_state: null state");
+  STELLATRAIN_CUDA_CHECK(
+      cudaMemsetAsync(device_state, 0, sizeof(topk_threshold_state), ctx.stream));
 }
 
 }  // namespace stellatrain

@@ -25,7 +25,8 @@ struct topk_threshold_state {
   std::uint64_t misses;      ///< of which the threshold missed (too few or too many candidates)
   std::uint64_t candidates;  ///< candidates the last threshold scan found
 };
-static_assert(std::is_trivially_copyable_v<topk_threshold_state> && sizeof(topk_threshold_state) == 32,
+static_assert(std::is_trivially_copyable_v<topk_threshold_state> &&
+                  sizeof(topk_threshold_state) == 32,
               "topk_threshold_state is copied between host and device as 32 bytes");
 
 }  // namespace stellatrain

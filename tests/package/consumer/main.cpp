@@ -8,7 +8,8 @@
 
 int main() {
   if (std::strcmp(stellatrain::version_string, CONSUMER_EXPECTED_VERSION) != 0) {
-    std::printf("version %s, expected %s\n", stellatrain::version_string, CONSUMER_EXPECTED_VERSION);
+    std::printf("version %s, expected %s\n", stellatrain::version_string,
+                CONSUMER_EXPECTED_VERSION);
     return 1;
   }
   stellatrain::thread_pool pool{2};

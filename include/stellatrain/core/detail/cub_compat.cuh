@@ -5,8 +5,8 @@
 
 #include <stellatrain/config.hpp>
 
-#include <cub/version.cuh>
 #include <cuda_runtime_api.h>
+#include <cub/version.cuh>
 
 #include <cstddef>
 #include <cstdint>
@@ -21,11 +21,11 @@
 #endif
 
 #if STELLATRAIN_HAS_CUB_DEVICE_TOPK
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
 #include <cub/device/device_topk.cuh>
 #include <cuda/std/execution>
 #include <cuda/stream_ref>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/transform_iterator.h>
 #endif
 
 namespace stellatrain::detail {
@@ -43,15 +43,17 @@ struct composite_key_of {
   const T* x;
   KeyOf key_of;
   __host__ __device__ std::uint64_t operator()(std::uint64_t i) const {
-    return (static_cast<std::uint64_t>(key_of(x[i])) << 32) | (0xffffffffu - static_cast<std::uint32_t>(i));
+    return (static_cast<std::uint64_t>(key_of(x[i])) << 32) |
+           (0xffffffffu - static_cast<std::uint32_t>(i));
   }
 };
 
 /// cub::DeviceTopK::MaxKeys over the composite keys of x[0, n): `k` keys, unordered, into
 /// `keys_out`. With `temp == nullptr` only sets `temp_bytes`.
 template <class T, class KeyOf>
-cudaError_t cub_topk_composite_keys(void* temp, std::size_t& temp_bytes, const T* x, KeyOf key_of, std::uint64_t n,
-                                    std::uint64_t k, std::uint64_t* keys_out, cudaStream_t stream) {
+cudaError_t cub_topk_composite_keys(void* temp, std::size_t& temp_bytes, const T* x, KeyOf key_of,
+                                    std::uint64_t n, std::uint64_t k, std::uint64_t* keys_out,
+                                    cudaStream_t stream) {
   auto keys = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
                                               composite_key_of<T, KeyOf>{x, key_of});
   auto requirements = cuda::execution::require(cuda::execution::determinism::not_guaranteed,

@@ -114,10 +114,8 @@ struct lane_ops {
   /// The lane bits of eight comparisons in one word, byte q holding those of m[q] (bit l:
   /// lane l), as eight `mask_bits` would give them; bit q of `nonempty` is set where m[q] has
   /// a set lane. Two packs per pair, one permutation and a movemask per four comparisons.
-  STELLATRAIN_FORCE_INLINE static std::uint64_t mask_bytes8(const std::array<ibool, 8>& m,
-                                                             std::uint32_t& nonempty) noexcept
-    requires packs_masks8
-  {
+  STELLATRAIN_FORCE_INLINE static std::uint64_t mask_bytes8(
+      const std::array<ibool, 8>& m, std::uint32_t& nonempty) noexcept requires packs_masks8 {
 #if STELLATRAIN_X86_INTRINSICS
     auto v = [&](std::size_t q) { return static_cast<__m256i>(m[q]); };
     // Within each 128-bit half the packs leave 4-lane groups in the order (m0 lo, m1 lo, m2
@@ -272,8 +270,7 @@ struct lane_ops {
 #if STELLATRAIN_X86_INTRINSICS
   // The lane permutation that moves the lanes set in an 8-bit mask to the front.
   static __m256i avx2_compress_permutation(std::uint32_t mask) noexcept
-    requires(isa == lane_isa::avx2)
-  {
+      requires(isa == lane_isa::avx2) {
     const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
     return _mm256_and_si256(
         _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(compress_permutation_8[mask])),

@@ -51,8 +51,9 @@ class adam_bias_table {
       if (hi >= max_entries) {
         throw_error(errc::invalid_argument,
                     "adam: per-element steps need beta1 and beta2 whose bias correction "
-                    "reaches 1 within " + std::to_string(max_entries) + " steps; beta2 = " +
-                        std::to_string(beta2) + " is too close to 1 (use step_count::per_tensor)");
+                    "reaches 1 within " +
+                        std::to_string(max_entries) + " steps; beta2 = " + std::to_string(beta2) +
+                        " is too close to 1 (use step_count::per_tensor)");
       }
       hi *= 2;
     }

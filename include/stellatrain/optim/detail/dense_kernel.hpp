@@ -35,7 +35,7 @@ std::uint64_t dense_chunk(const Rule& rule, const tensor_arrays& t, const Grad* 
   std::uint64_t skipped = 0;
 
   auto body = [&](float* p, const Grad* gp, float* a0, float* a1, float* a2, Out* out)
-                  __attribute__((always_inline)) {
+      __attribute__((always_inline)) {
     batch vp = batch::load_unaligned(p);
     const batch vg = load_as_float<Arch>(gp);
     batch v0(0.0f), v1(0.0f), v2(0.0f);

@@ -51,7 +51,7 @@ STELLATRAIN_FORCE_INLINE xsimd::batch<float, Arch> elementwise_max(
 // Scalars of one SGD step, computed once per call (in double, rounded to float as PyTorch
 // rounds its Python-double hyper-parameters when it applies them to a float tensor).
 struct sgd_scalars {
-  float sign = 1.0f;             // -1 when maximizing
+  float sign = 1.0f;  // -1 when maximizing
   float weight_decay = 0.0f;
   float momentum = 0.0f;
   float one_minus_dampening = 1.0f;

@@ -51,8 +51,12 @@ class optimizer_base {
   [[nodiscard]] std::uint64_t tensor_size(std::size_t t) const { return tensor(t).size; }
 
   /// The fp32 master parameters of tensor `t` (writable, e.g. to load weights).
-  [[nodiscard]] std::span<float> params(std::size_t t) { return registry_.at(t, Derived::name).params.span(); }
-  [[nodiscard]] std::span<const float> params(std::size_t t) const { return tensor(t).params.span(); }
+  [[nodiscard]] std::span<float> params(std::size_t t) {
+    return registry_.at(t, Derived::name).params.span();
+  }
+  [[nodiscard]] std::span<const float> params(std::size_t t) const {
+    return tensor(t).params.span();
+  }
   /// Steps applied to tensor `t` (skipped steps do not count).
   [[nodiscard]] std::uint64_t step_count_of(std::size_t t) const { return tensor(t).step; }
   /// Per-element step counts of tensor `t` (empty unless `step_count::per_element`).
@@ -65,7 +69,8 @@ class optimizer_base {
   /// the same pass. Errors (nothing changes): unknown tensor (`out_of_range`), sizes
   /// (`size_mismatch`), a non-finite gradient under `nonfinite_policy::raise` (`not_finite`).
   template <class Arch = xsimd::default_arch, class Grad, executor Executor, class Out = bf16>
-  step_report step(std::size_t t, std::span<const Grad> grad, Executor& ex, param_copy<Out> copy = {}) {
+  step_report step(std::size_t t, std::span<const Grad> grad, Executor& ex,
+                   param_copy<Out> copy = {}) {
     return dense_step<Arch>(self(), registry_, t, grad, ex, copy);
   }
   template <class Arch = xsimd::default_arch, class Grad>
@@ -81,7 +86,8 @@ class optimizer_base {
   /// (`out_of_range`) or out of order (`invalid_argument`). Time: O(nnz), latency-bound (one
   /// random cache line per touched element and array, prefetched ahead), split across the
   /// executor.
-  template <class Arch = xsimd::default_arch, class Value, class Index, executor Executor, class Out = bf16>
+  template <class Arch = xsimd::default_arch, class Value, class Index, executor Executor,
+            class Out = bf16>
   step_report step(std::size_t t, const sparse_view<Value, Index>& grad, Executor& ex,
                    param_copy<Out> copy = {}) {
     const sparse_view<const std::remove_const_t<Value>, const std::remove_const_t<Index>> g = grad;
@@ -94,15 +100,15 @@ class optimizer_base {
   }
 
   /// Bytes that `save_state` writes (format: optim/state_format.hpp).
-  [[nodiscard]] std::uint64_t state_size_bytes() const {
-    return saved_state_size(records());
-  }
+  [[nodiscard]] std::uint64_t state_size_bytes() const { return saved_state_size(records()); }
   /// Saves parameters, state arrays, step counts and hyper-parameters; returns the bytes
   /// written to `out` (which must hold `state_size_bytes()`). Not concurrent with steps.
   std::size_t save_state(std::span<std::byte> out) const {
     return save_state_into(out, detail::optimizer_state_kind, records());
   }
-  void save_state(std::ostream& os) const { save_state_to(os, detail::optimizer_state_kind, records()); }
+  void save_state(std::ostream& os) const {
+    save_state_to(os, detail::optimizer_state_kind, records());
+  }
 
   /// Restores a saved state into this optimizer, whose registered tensors (count and sizes)
   /// and algorithm options (listed in the optimizer's own comment) must match the saved ones;
@@ -131,8 +137,12 @@ class optimizer_base {
 
  private:
   // The saved state's records (optim/state_format.hpp).
-  [[nodiscard]] auto records() const { return state_records(self().identity(), registry_, self().arrays_mask()); }
-  [[nodiscard]] const tensor_state& tensor(std::size_t t) const { return registry_.at(t, Derived::name); }
+  [[nodiscard]] auto records() const {
+    return state_records(self().identity(), registry_, self().arrays_mask());
+  }
+  [[nodiscard]] const tensor_state& tensor(std::size_t t) const {
+    return registry_.at(t, Derived::name);
+  }
   [[nodiscard]] Derived& self() noexcept { return static_cast<Derived&>(*this); }
   [[nodiscard]] const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
 };

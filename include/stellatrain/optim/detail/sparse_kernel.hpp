@@ -37,7 +37,9 @@ struct sparse_piece_result {
 template <class Index>
 struct index_array {
   const Index* indices;
-  STELLATRAIN_FORCE_INLINE std::uint64_t operator()(std::size_t j) const noexcept { return indices[j]; }
+  STELLATRAIN_FORCE_INLINE std::uint64_t operator()(std::size_t j) const noexcept {
+    return indices[j];
+  }
 };
 struct identity_index {
   STELLATRAIN_FORCE_INLINE std::uint64_t operator()(std::size_t j) const noexcept { return j; }
@@ -85,10 +87,11 @@ sparse_piece_result sparse_piece(const Rule rule, const tensor_arrays t, IndexFn
     if (j + ahead < je) prefetch_element<arrays, PerElement, IndexFn>(t, idx(j + ahead));
     std::size_t run_end = j + 1;
     while (run_end < je && idx(run_end) == i) [[unlikely]] {
-      g += to_float(values[run_end]);
-      if (run_end + ahead < je) prefetch_element<arrays, PerElement, IndexFn>(t, idx(run_end + ahead));
-      ++run_end;
-    }
+        g += to_float(values[run_end]);
+        if (run_end + ahead < je)
+          prefetch_element<arrays, PerElement, IndexFn>(t, idx(run_end + ahead));
+        ++run_end;
+      }
 
     float p = t.params[i];
     if (std::isfinite(g)) [[likely]] {

@@ -118,7 +118,7 @@ std::uint64_t dense_update(const Rule& rule, tensor_state& t, const Grad* g, Out
   std::atomic<std::uint64_t> skipped{0};
   for_each_chunk(ex, n, dense_grain(n, ex), [&](std::uint64_t b, std::uint64_t e) {
     const std::uint64_t s = dense_chunk<Arch>(rule, a, g, copy, static_cast<std::size_t>(b),
-                                                       static_cast<std::size_t>(e));
+                                              static_cast<std::size_t>(e));
     if (s != 0) skipped.fetch_add(s, std::memory_order_relaxed);
   });
   return skipped.load();
@@ -126,14 +126,15 @@ std::uint64_t dense_update(const Rule& rule, tensor_state& t, const Grad* g, Out
 
 // The update pass of a dense step with per-element step counts: the scalar element loop.
 template <class Arch, class Rule, class Grad, class Out, executor Executor>
-std::uint64_t dense_update_per_element(const Rule& rule, tensor_state& t, const Grad* g,
-                                       Out* copy, Executor& ex) {
+std::uint64_t dense_update_per_element(const Rule& rule, tensor_state& t, const Grad* g, Out* copy,
+                                       Executor& ex) {
   const tensor_arrays a = arrays_of(t);
   const std::uint64_t n = t.size;
   std::atomic<std::uint64_t> skipped{0};
   for_each_chunk(ex, n, dense_grain(n, ex), [&](std::uint64_t b, std::uint64_t e) {
-    const auto r = sparse_piece<Arch, true>(rule, a, identity_index{}, g, static_cast<std::size_t>(b),
-                                              static_cast<std::size_t>(e), copy, copy_layout::dense);
+    const auto r =
+        sparse_piece<Arch, true>(rule, a, identity_index{}, g, static_cast<std::size_t>(b),
+                                 static_cast<std::size_t>(e), copy, copy_layout::dense);
     if (r.skipped != 0) skipped.fetch_add(r.skipped, std::memory_order_relaxed);
   });
   return skipped.load();
@@ -155,8 +156,7 @@ void check_sparse_arguments(const char* who, std::size_t tensor, const tensor_st
     const std::uint64_t want = copy.layout == copy_layout::compact ? count : t.size;
     if (copy.values.size() != want) [[unlikely]] {
       throw_error(errc::size_mismatch,
-                  where + ": " +
-                      (copy.layout == copy_layout::compact ? "compact" : "dense") +
+                  where + ": " + (copy.layout == copy_layout::compact ? "compact" : "dense") +
                       " parameter copy has " + std::to_string(copy.values.size()) +
                       " elements, expected " + std::to_string(want));
     }
@@ -174,7 +174,7 @@ STELLATRAIN_FORCE_INLINE std::size_t run_boundary(const Index* idx, std::size_t 
 struct sparse_check_result {
   std::uint64_t bad_order = no_element;     // first position j with idx[j-1] > idx[j]
   std::uint64_t out_of_range = no_element;  // first position with idx[j] >= size
-  std::uint64_t nonfinite = 0;               // runs whose summed gradient is not finite
+  std::uint64_t nonfinite = 0;              // runs whose summed gradient is not finite
   std::uint64_t first_nonfinite = no_element;
 };
 
@@ -253,16 +253,16 @@ template <class Value, class Index>
                                         std::to_string(size) + "; nothing was updated");
   }
   const std::uint64_t j = r.bad_order;
-  throw_error(errc::invalid_argument,
-              where + "indices must be sorted (non-decreasing): position " + std::to_string(j) +
-                  " holds " + std::to_string(idx[j]) + " after " + std::to_string(idx[j - 1]) +
-                  "; nothing was updated");
+  throw_error(errc::invalid_argument, where + "indices must be sorted (non-decreasing): position " +
+                                          std::to_string(j) + " holds " + std::to_string(idx[j]) +
+                                          " after " + std::to_string(idx[j - 1]) +
+                                          "; nothing was updated");
 }
 
 // The update pass of a sparse step: pieces of about equal update counts, never splitting a
 // run of equal indices.
-template <class Arch, bool PerElement, class Rule, class Value, class Index,
-          class Out, executor Executor>
+template <class Arch, bool PerElement, class Rule, class Value, class Index, class Out,
+          executor Executor>
 sparse_piece_result sparse_update(const Rule& rule, tensor_state& t, const Index* idx,
                                   const Value* val, std::uint64_t count, Out* copy,
                                   copy_layout layout, Executor& ex) {
@@ -276,7 +276,7 @@ sparse_piece_result sparse_update(const Rule& rule, tensor_state& t, const Index
                    const std::size_t je = run_boundary(idx, n, static_cast<std::size_t>(e));
                    if (jb >= je) return;
                    const auto r = sparse_piece<Arch, PerElement>(rule, a, index_array<Index>{idx},
-                                                                   val, jb, je, copy, layout);
+                                                                 val, jb, je, copy, layout);
                    updated.fetch_add(r.updated, std::memory_order_relaxed);
                    if (r.skipped != 0) skipped.fetch_add(r.skipped, std::memory_order_relaxed);
                  });
@@ -301,11 +301,11 @@ namespace stellatrain::detail {
 template <class Value>
 [[noreturn]] void throw_nonfinite(const char* who, std::size_t tensor, std::uint64_t position,
                                   std::uint64_t index, float value, std::uint64_t count) {
-  throw_error(errc::not_finite,
-              std::string(who) + ": tensor " + std::to_string(tensor) + ": gradient at position " +
-                  std::to_string(position) + " (index " + std::to_string(index) + ") is " +
-                  describe_value(value) + " (" + std::to_string(count) +
-                  " non-finite values); nothing was updated");
+  throw_error(errc::not_finite, std::string(who) + ": tensor " + std::to_string(tensor) +
+                                    ": gradient at position " + std::to_string(position) +
+                                    " (index " + std::to_string(index) + ") is " +
+                                    describe_value(value) + " (" + std::to_string(count) +
+                                    " non-finite values); nothing was updated");
 }
 
 template <class Arch, class Optimizer, class Grad, class Out, executor Executor>
@@ -349,7 +349,8 @@ step_report sparse_step(Optimizer& opt, tensor_registry& registry, std::size_t t
   const Index* idx = g.indices().data();
   const Value* val = g.values().data();
   const bool precheck_finite = policy != nonfinite_policy::skip_elements;
-  const sparse_check_result check = sparse_check<Arch>(idx, val, g.size(), t.size, precheck_finite, ex);
+  const sparse_check_result check =
+      sparse_check<Arch>(idx, val, g.size(), t.size, precheck_finite, ex);
   if (check.bad_order != no_element || check.out_of_range != no_element) [[unlikely]] {
     throw_sparse_index_error<Value>(Optimizer::name, tensor, check, idx, t.size);
   }

@@ -26,8 +26,8 @@ inline constexpr std::size_t max_state_arrays = 3;
 struct tensor_state {
   aligned_buffer<float> params;
   std::array<aligned_buffer<float>, max_state_arrays> state;  // e.g. m, v, vmax
-  aligned_buffer<std::uint32_t> element_steps;                 // per_element step counts
-  std::uint64_t step = 0;                                      // step calls applied
+  aligned_buffer<std::uint32_t> element_steps;                // per_element step counts
+  std::uint64_t step = 0;                                     // step calls applied
   std::uint64_t size = 0;
 };
 
@@ -54,8 +54,8 @@ class tensor_registry {
   [[nodiscard]] tensor_state& at(std::size_t t, const char* who) {
     if (t >= tensors_.size()) [[unlikely]] {
       throw_error(errc::out_of_range, std::string(who) + ": tensor " + std::to_string(t) +
-                                          " is not registered (" +
-                                          std::to_string(tensors_.size()) + " tensors)");
+                                          " is not registered (" + std::to_string(tensors_.size()) +
+                                          " tensors)");
     }
     return tensors_[t];
   }
@@ -76,7 +76,8 @@ class tensor_registry {
                    [&](std::uint64_t b, std::uint64_t e) {
                      std::memcpy(t.params.data() + b, initial.data() + b, (e - b) * sizeof(float));
                    });
-    for (std::size_t a = 0; a < state_arrays; ++a) t.state[a] = aligned_buffer<float>(n, zeroed, ex);
+    for (std::size_t a = 0; a < state_arrays; ++a)
+      t.state[a] = aligned_buffer<float>(n, zeroed, ex);
     if (element_steps) t.element_steps = aligned_buffer<std::uint32_t>(n, zeroed, ex);
     tensors_.push_back(std::move(t));
     return tensors_.size() - 1;

@@ -84,9 +84,10 @@ inline constexpr bool vertical_simd_enabled = true;
 #endif
 
 template <class Arch>
-inline constexpr bool vertical_simd =
-    vertical_simd_enabled && std::endian::native == std::endian::little &&
-    (xsimd::batch<std::uint32_t, Arch>::size == 4 || xsimd::batch<std::uint32_t, Arch>::size == 8);
+inline constexpr bool vertical_simd = vertical_simd_enabled&& std::endian::native ==
+                                          std::endian::little &&
+                                      (xsimd::batch<std::uint32_t, Arch>::size == 4 ||
+                                       xsimd::batch<std::uint32_t, Arch>::size == 8);
 
 // One width B fixed at compile time: every shift, store and word boundary of the 32 slots is a
 // constant, so the loops unroll into straight-line shifts, ORs and stores (no branches).

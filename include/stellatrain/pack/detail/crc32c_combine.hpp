@@ -52,11 +52,13 @@ struct crc32c_split {
   std::size_t piece_bytes = 0;
 
   crc32c_split(std::size_t bytes, std::size_t concurrency) noexcept
-      : pieces(std::clamp<std::size_t>(std::min(concurrency, bytes / crc32c_parallel_grain), 1, 16)),
+      : pieces(
+            std::clamp<std::size_t>(std::min(concurrency, bytes / crc32c_parallel_grain), 1, 16)),
         piece_bytes((bytes + pieces - 1) / pieces) {}
 
   /// Piece i of `data` (the range that was split).
-  [[nodiscard]] std::span<const std::byte> piece(std::span<const std::byte> data, std::size_t i) const noexcept {
+  [[nodiscard]] std::span<const std::byte> piece(std::span<const std::byte> data,
+                                                 std::size_t i) const noexcept {
     const std::size_t begin = std::min(data.size(), i * piece_bytes);
     return data.subspan(begin, std::min(piece_bytes, data.size() - begin));
   }

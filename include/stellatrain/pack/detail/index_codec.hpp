@@ -68,8 +68,8 @@ template <class I>
 // the encoders report the first position that does not, and then write nothing useful.
 
 struct chunk_encoding {
-  std::uint64_t bytes = 0;              ///< bytes written
-  std::uint64_t varint_bytes = 0;       ///< bytes of the same chunk as delta_varint
+  std::uint64_t bytes = 0;                   ///< bytes written
+  std::uint64_t varint_bytes = 0;            ///< bytes of the same chunk as delta_varint
   std::uint64_t bad_position = no_position;  ///< first index not above its predecessor
 };
 
@@ -160,15 +160,32 @@ template <class I, class Arch>
 void count_wider(const I* d, std::size_t count, const unsigned* t, std::size_t k,
                  std::uint32_t* counts) noexcept {
   switch (k) {
-    case 1: count_wider_fixed<1, I, Arch>(d, count, t, counts); return;
-    case 2: count_wider_fixed<2, I, Arch>(d, count, t, counts); return;
-    case 3: count_wider_fixed<3, I, Arch>(d, count, t, counts); return;
-    case 4: count_wider_fixed<4, I, Arch>(d, count, t, counts); return;
-    case 5: count_wider_fixed<5, I, Arch>(d, count, t, counts); return;
-    case 6: count_wider_fixed<6, I, Arch>(d, count, t, counts); return;
-    case 7: count_wider_fixed<7, I, Arch>(d, count, t, counts); return;
-    case 8: count_wider_fixed<8, I, Arch>(d, count, t, counts); return;
-    default: return;
+    case 1:
+      count_wider_fixed<1, I, Arch>(d, count, t, counts);
+      return;
+    case 2:
+      count_wider_fixed<2, I, Arch>(d, count, t, counts);
+      return;
+    case 3:
+      count_wider_fixed<3, I, Arch>(d, count, t, counts);
+      return;
+    case 4:
+      count_wider_fixed<4, I, Arch>(d, count, t, counts);
+      return;
+    case 5:
+      count_wider_fixed<5, I, Arch>(d, count, t, counts);
+      return;
+    case 6:
+      count_wider_fixed<6, I, Arch>(d, count, t, counts);
+      return;
+    case 7:
+      count_wider_fixed<7, I, Arch>(d, count, t, counts);
+      return;
+    case 8:
+      count_wider_fixed<8, I, Arch>(d, count, t, counts);
+      return;
+    default:
+      return;
   }
 }
 

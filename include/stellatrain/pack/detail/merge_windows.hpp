@@ -50,7 +50,7 @@ struct merge_marks {
   alignas(64) std::uint64_t masks[merge_window_words] = {};
   std::uint32_t before[merge_window_words];
   std::uint64_t touched[merge_window_words / 64];
-  std::uint64_t base = 0;  // the window's first index
+  std::uint64_t base = 0;   // the window's first index
   std::uint32_t count = 0;  // the union's size: what writing the window produces
   bool sparse = false;
 
@@ -80,7 +80,8 @@ struct merge_marks {
 // the window holds an index not below `dense_size`.
 template <class V, class I>
 bool mark_window(std::span<const sparse_view<const V, const I>> inputs, const std::uint64_t* from,
-                 const std::uint64_t* end, std::uint64_t* to, std::uint64_t dense_size, merge_marks& m) {
+                 const std::uint64_t* end, std::uint64_t* to, std::uint64_t dense_size,
+                 merge_marks& m) {
   constexpr std::uint64_t words = merge_window_words;
   const std::size_t w_count = inputs.size();
   std::uint64_t lowest = std::numeric_limits<std::uint64_t>::max();
@@ -114,15 +115,18 @@ bool mark_window(std::span<const sparse_view<const V, const I>> inputs, const st
   m.base = base;
   if (spread >= merge_window) [[unlikely]] {
     std::memset(m.masks, 0, sizeof m.masks);
-    throw_error(errc::invalid_argument, "merge: an input is not sorted: an index lies below one before it");
+    throw_error(errc::invalid_argument,
+                "merge: an input is not sorted: an index lies below one before it");
   }
   if (limit > dense_size) [[unlikely]] {
     std::uint64_t q = words - 1;
     while (m.masks[q] == 0) --q;  // the window holds at least one pair
-    const std::uint64_t highest = base + 64 * q + 63 - static_cast<std::uint64_t>(std::countl_zero(m.masks[q]));
+    const std::uint64_t highest =
+        base + 64 * q + 63 - static_cast<std::uint64_t>(std::countl_zero(m.masks[q]));
     if (highest >= dense_size) {
       std::memset(m.masks, 0, sizeof m.masks);
-      throw_error(errc::out_of_range, "merge: index " + std::to_string(highest) + " is not below the tensor size " +
+      throw_error(errc::out_of_range, "merge: index " + std::to_string(highest) +
+                                          " is not below the tensor size " +
                                           std::to_string(dense_size));
     }
   }
@@ -136,7 +140,8 @@ bool mark_window(std::span<const sparse_view<const V, const I>> inputs, const st
     for (std::size_t w = 0; w < w_count; ++w) {
       const I* idx = inputs[w].indices().data();
       for (std::uint64_t h = from[w]; h < to[w]; ++h) {
-        const std::uint64_t q = ((static_cast<std::uint64_t>(idx[h]) - base) & (merge_window - 1)) >> 6;
+        const std::uint64_t q =
+            ((static_cast<std::uint64_t>(idx[h]) - base) & (merge_window - 1)) >> 6;
         m.touched[q >> 6] |= std::uint64_t{1} << (q & 63);
       }
     }
@@ -168,9 +173,11 @@ bool mark_window(std::span<const sparse_view<const V, const I>> inputs, const st
 // -0.0f), then scales; m.count pairs, sorted. Leaves m's masks zero.
 template <class V, class I>
 void write_window(std::span<const sparse_view<const V, const I>> inputs, const std::uint64_t* from,
-                  const std::uint64_t* to, float scale, merge_marks& m, I* out_idx, float* out_val) {
+                  const std::uint64_t* to, float scale, merge_marks& m, I* out_idx,
+                  float* out_val) {
   const std::uint64_t base = m.base;
-  std::fill(out_val, out_val + m.count, -0.0f);  // -0 + x == x for every x, so one input is copied exactly
+  std::fill(out_val, out_val + m.count,
+            -0.0f);  // -0 + x == x for every x, so one input is copied exactly
   for (std::size_t w = 0; w < inputs.size(); ++w) {
     const I* idx = inputs[w].indices().data();
     const V* val = inputs[w].values().data();
@@ -180,7 +187,8 @@ void write_window(std::span<const sparse_view<const V, const I>> inputs, const s
       const std::uint32_t o = static_cast<std::uint32_t>(static_cast<std::uint64_t>(x) - base) &
                               static_cast<std::uint32_t>(merge_window - 1);
       const std::uint32_t q = o >> 6;
-      const std::uint32_t rank = m.before[q] + static_cast<std::uint32_t>(std::popcount(below_bit(m.masks[q], o & 63)));
+      const std::uint32_t rank =
+          m.before[q] + static_cast<std::uint32_t>(std::popcount(below_bit(m.masks[q], o & 63)));
       // The value first: stored after the index, its load would wait for that store wherever
       // out_idx and out_val lie a multiple of 4 KiB apart (the core compares only the low 12
       // address bits at first), as two page-aligned buffers of 4-byte elements do. 10-15%
@@ -202,9 +210,10 @@ void write_window(std::span<const sparse_view<const V, const I>> inputs, const s
 // 15-20% faster than byte marks turned into words through a summary walk over windows of 4096
 // indices.) `stops` is scratch for W entries.
 template <class V, class I>
-std::uint64_t merge_windows(std::span<const sparse_view<const V, const I>> inputs, std::uint64_t* heads,
-                            const std::uint64_t* end, std::uint64_t* stops, std::uint64_t dense_size, float scale,
-                            merge_marks& m, I* out_idx, float* out_val) {
+std::uint64_t merge_windows(std::span<const sparse_view<const V, const I>> inputs,
+                            std::uint64_t* heads, const std::uint64_t* end, std::uint64_t* stops,
+                            std::uint64_t dense_size, float scale, merge_marks& m, I* out_idx,
+                            float* out_val) {
   std::uint64_t written = 0;
   while (mark_window(inputs, heads, end, stops, dense_size, m)) {
     write_window(inputs, heads, stops, scale, m, out_idx + written, out_val + written);

@@ -7,10 +7,10 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/aligned_buffer.hpp>
+#include <stellatrain/core/detail/simd_lanes.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/select/detail/keys.hpp>
 #include <stellatrain/select/selection_source.hpp>
-#include <stellatrain/core/detail/simd_lanes.hpp>
 
 #include <algorithm>
 #include <array>
@@ -70,10 +70,10 @@ struct candidate_workspace {
   aligned_buffer<candidate_segment> segments;
   aligned_buffer<emit_group> groups;
   aligned_buffer<std::uint64_t> piece_hist;  // per-piece histograms of the k-th search
-  std::uint64_t count = 0;          // candidates in the store after a pass
-  std::uint64_t segment_count = 0;  // segments after a pass (sorted by position)
-  std::uint32_t low_key = 0;        // every stored key is >= this (the pass's bound)
-  std::uint32_t max_key = 0;        // the largest stored key
+  std::uint64_t count = 0;                   // candidates in the store after a pass
+  std::uint64_t segment_count = 0;           // segments after a pass (sorted by position)
+  std::uint32_t low_key = 0;                 // every stored key is >= this (the pass's bound)
+  std::uint32_t max_key = 0;                 // the largest stored key
 
   [[nodiscard]] std::uint64_t capacity() const noexcept { return local.size(); }
 
@@ -104,8 +104,8 @@ struct candidate_workspace {
 
 /// Outcome of a candidate pass.
 struct collect_result {
-  std::uint64_t count = 0;     // elements whose key reached the bound (also when not all fit)
-  bool overflow = false;       // the store was too small: candidates were dropped, store unusable
+  std::uint64_t count = 0;  // elements whose key reached the bound (also when not all fit)
+  bool overflow = false;    // the store was too small: candidates were dropped, store unusable
   // Estimated number of elements whose key reaches each extra count key: 4x the count over
   // the first 32 of every 128 elements of each chunk (a fixed pattern, the same on every
   // architecture, a quarter of the compares).
@@ -200,7 +200,8 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
       // line, and the counters on the first 32 of every 128 elements. With `Known`, `Q` is the
       // vector's place in its 128 elements at compile time (full blocks, unrolled: no branch
       // left); otherwise both checks run per vector (the last, partial block of a chunk).
-      auto compare = [&]<bool Known, std::uint64_t Q>(std::uint64_t j) __attribute__((always_inline)) {
+      auto compare = [&]<bool Known, std::uint64_t Q>(std::uint64_t j)
+          __attribute__((always_inline)) {
         const std::uint64_t p = i + j * w;
         if constexpr (Known) {
           if constexpr (Q % vectors_per_line == 0) src.prefetch(p + ahead);
@@ -229,9 +230,11 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
         if constexpr (ops::packs_masks8) {
           static_assert(sizeof(mask_type) == 1 && group_vectors % 8 == 0);
           std::array<typename ops::ibool, 8> cmp;
-          [&]<std::uint64_t... Q>(std::integer_sequence<std::uint64_t, Q...>) __attribute__((always_inline)) {
+          [&]<std::uint64_t... Q>(std::integer_sequence<std::uint64_t, Q...>)
+              __attribute__((always_inline)) {
             ((cmp[Q] = compare.template operator()<true, Q0 + Q>(j0 + Q)), ...);
-          }(std::make_integer_sequence<std::uint64_t, 8>{});
+          }
+          (std::make_integer_sequence<std::uint64_t, 8>{});
           std::uint32_t nonempty = 0;
           const std::uint64_t word = ops::mask_bytes8(cmp, nonempty);
           std::memcpy(masks + j0, &word, sizeof word);
@@ -248,13 +251,17 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
           // start, so these are the elements the per-vector checks would pick.
           for (std::uint64_t g0 = 0; g0 < pass_block_vectors; g0 += group_vectors) {
             if constexpr (ops::packs_masks8) {
-              [&]<std::uint64_t... H>(std::integer_sequence<std::uint64_t, H...>) __attribute__((always_inline)) {
+              [&]<std::uint64_t... H>(std::integer_sequence<std::uint64_t, H...>)
+                  __attribute__((always_inline)) {
                 (scan8.template operator()<8 * H>(g0 + 8 * H), ...);
-              }(std::make_integer_sequence<std::uint64_t, group_vectors / 8>{});
+              }
+              (std::make_integer_sequence<std::uint64_t, group_vectors / 8>{});
             } else {
-              [&]<std::uint64_t... Q>(std::integer_sequence<std::uint64_t, Q...>) __attribute__((always_inline)) {
+              [&]<std::uint64_t... Q>(std::integer_sequence<std::uint64_t, Q...>)
+                  __attribute__((always_inline)) {
                 (scan.template operator()<true, Q>(g0 + Q), ...);
-              }(std::make_integer_sequence<std::uint64_t, group_vectors>{});
+              }
+              (std::make_integer_sequence<std::uint64_t, group_vectors>{});
             }
           }
         } else {
@@ -293,7 +300,8 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
     }
     flush();
     for (std::uint32_t m = max_key.load(std::memory_order_relaxed);
-         chunk_max > m && !max_key.compare_exchange_weak(m, chunk_max, std::memory_order_relaxed);) {
+         chunk_max > m &&
+         !max_key.compare_exchange_weak(m, chunk_max, std::memory_order_relaxed);) {
     }
     if constexpr (Counters > 0) above0.fetch_add(cnt0, std::memory_order_relaxed);
     if constexpr (Counters > 1) above1.fetch_add(cnt1, std::memory_order_relaxed);
@@ -309,9 +317,10 @@ collect_result collect_candidates(Ex& ex, const Source& src, std::uint64_t n, st
   ws.count = r.overflow ? 0 : r.count;
   ws.low_key = low_key;
   ws.max_key = max_key.load();
-  std::sort(segs, segs + ws.segment_count, [](const candidate_segment& a, const candidate_segment& b) {
-    return a.chunk_begin != b.chunk_begin ? a.chunk_begin < b.chunk_begin : a.offset < b.offset;
-  });
+  std::sort(
+      segs, segs + ws.segment_count, [](const candidate_segment& a, const candidate_segment& b) {
+        return a.chunk_begin != b.chunk_begin ? a.chunk_begin < b.chunk_begin : a.offset < b.offset;
+      });
   return r;
 }
 
@@ -337,8 +346,8 @@ struct kth_search {
 
 // Histogram of (key - lo) >> shift over `count` keys (masked with `mask`), with four
 // interleaved sub-histograms so that runs of equal digits do not serialise on one counter.
-inline void histogram_keys(const std::uint32_t* keys, std::uint64_t count, std::uint32_t mask, std::uint32_t lo,
-                           int shift, std::uint32_t bins, std::uint64_t* hist) {
+inline void histogram_keys(const std::uint32_t* keys, std::uint64_t count, std::uint32_t mask,
+                           std::uint32_t lo, int shift, std::uint32_t bins, std::uint64_t* hist) {
   std::array<std::array<std::uint32_t, radix_bins>, 4> sub;
   for (auto& h : sub) std::fill_n(h.begin(), bins, 0u);
   std::uint64_t j = 0;
@@ -364,8 +373,10 @@ inline void histogram_keys(const std::uint32_t* keys, std::uint64_t count, std::
 template <executor Ex>
 [[nodiscard]] std::uint64_t candidate_pieces(Ex& ex, std::uint64_t count) noexcept {
   const std::uint64_t by_size = count / 65536;
-  const std::uint64_t by_threads = 4 * static_cast<std::uint64_t>(std::max<std::size_t>(ex.concurrency(), 1));
-  return std::clamp<std::uint64_t>(std::min(by_size, by_threads), 1, candidate_workspace::max_pieces);
+  const std::uint64_t by_threads =
+      4 * static_cast<std::uint64_t>(std::max<std::size_t>(ex.concurrency(), 1));
+  return std::clamp<std::uint64_t>(std::min(by_size, by_threads), 1,
+                                   candidate_workspace::max_pieces);
 }
 
 // Calls fn(piece, begin, end) for `pieces` near-equal pieces of [0, count).
@@ -415,9 +426,9 @@ void kth_first_level(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
 // (in place); up to a vector's width of entries past those kept may be written, never past
 // dst + (e - b). Masked keys are below 2^31 (key masks clear the top bit).
 template <class Arch>
-std::uint64_t keep_bin(const std::uint32_t* src, std::uint64_t b, std::uint64_t e, std::uint32_t mask,
-                       std::uint32_t bin_lo, std::uint32_t bin_hi, std::uint32_t* dst, std::uint32_t& lo,
-                       std::uint32_t& hi) noexcept {
+std::uint64_t keep_bin(const std::uint32_t* src, std::uint64_t b, std::uint64_t e,
+                       std::uint32_t mask, std::uint32_t bin_lo, std::uint32_t bin_hi,
+                       std::uint32_t* dst, std::uint32_t& lo, std::uint32_t& hi) noexcept {
   std::uint64_t kept = 0;
   std::uint64_t j = b;
   if constexpr (has_branchless_compress<Arch>()) {
@@ -462,7 +473,8 @@ std::uint64_t keep_bin(const std::uint32_t* src, std::uint64_t b, std::uint64_t 
 /// The k-th largest stored key (1 <= k <= ws.count) from a first level: each further level
 /// keeps only the bin that holds the k-th key (so it touches few keys), in `ws.keys`.
 template <class Arch, executor Ex>
-kth_key kth_resolve(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, const kth_search& s, std::uint64_t k) {
+kth_key kth_resolve(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, const kth_search& s,
+                    std::uint64_t k) {
   STELLATRAIN_ASSERT(k >= 1 && k <= ws.count, "kth_resolve: k out of range");
   const std::uint32_t* const bits = ws.bits.data();
   std::uint32_t* const keys = ws.keys.data();
@@ -497,8 +509,8 @@ kth_key kth_resolve(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, con
     std::uint32_t new_hi = bin_lo;
     const std::uint64_t pieces = first ? candidate_pieces(ex, count) : 1;
     if (pieces == 1) {
-      count = keep_bin<Arch>(first ? bits : keys, 0, count, first ? key_mask : 0xffffffffu, bin_lo, bin_hi, keys,
-                             new_lo, new_hi);
+      count = keep_bin<Arch>(first ? bits : keys, 0, count, first ? key_mask : 0xffffffffu, bin_lo,
+                             bin_hi, keys, new_lo, new_hi);
     } else {
       std::uint64_t* const info = ws.piece_hist.data();  // per piece: kept, lo, hi
       for_each_piece(ex, count, pieces, [&](std::uint64_t p, std::uint64_t b, std::uint64_t e) {
@@ -529,7 +541,8 @@ kth_key kth_resolve(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, con
 /// The k-th largest magnitude key among the stored candidates (1 <= k <= ws.count): radix
 /// narrowing with 11-bit digits over the range of the keys actually present.
 template <class Arch, executor Ex>
-kth_key find_kth_candidate(Ex& ex, candidate_workspace& ws, std::uint64_t k, std::uint32_t key_mask) {
+kth_key find_kth_candidate(Ex& ex, candidate_workspace& ws, std::uint64_t k,
+                           std::uint32_t key_mask) {
   kth_search s;
   kth_first_level(ex, ws, key_mask, s);
   return kth_resolve<Arch>(ex, ws, key_mask, s, k);
@@ -546,8 +559,9 @@ kth_key find_kth_candidate(Ex& ex, candidate_workspace& ws, std::uint64_t k, std
 
 // Counts the stored keys of [first, last) above `t` (into gt) and equal to it (into eq).
 template <class Arch>
-void count_around(const std::uint32_t* bits, std::uint64_t first, std::uint64_t last, std::uint32_t key_mask,
-                  std::uint32_t t, std::uint64_t& gt, std::uint64_t& eq) noexcept {
+void count_around(const std::uint32_t* bits, std::uint64_t first, std::uint64_t last,
+                  std::uint32_t key_mask, std::uint32_t t, std::uint64_t& gt,
+                  std::uint64_t& eq) noexcept {
   std::uint64_t j = first;
   if constexpr (!is_scalar_arch<Arch>) {
     using ops = lane_ops<Arch>;
@@ -577,8 +591,9 @@ void count_around(const std::uint32_t* bits, std::uint64_t first, std::uint64_t 
 // of `out_local` and `out_bits`, in order; returns how many. The outputs need room for
 // last - first entries plus a vector's width.
 template <class Arch>
-std::uint64_t choose_segment(const std::uint32_t* local, const std::uint32_t* bits, std::uint64_t first,
-                             std::uint64_t last, std::uint32_t key_mask, std::uint32_t t, std::uint64_t& quota,
+std::uint64_t choose_segment(const std::uint32_t* local, const std::uint32_t* bits,
+                             std::uint64_t first, std::uint64_t last, std::uint32_t key_mask,
+                             std::uint32_t t, std::uint64_t& quota,
                              std::uint32_t* STELLATRAIN_RESTRICT out_local,
                              std::uint32_t* STELLATRAIN_RESTRICT out_bits) noexcept {
   std::uint64_t chosen = 0;
@@ -594,10 +609,12 @@ std::uint64_t choose_segment(const std::uint32_t* local, const std::uint32_t* bi
       const ibatch key = raw & kmask;
       std::uint32_t keep = ops::mask_bits(key > tv);
       // Keys equal to the k-th are rare (one per call for continuous values).
-      for (std::uint32_t tie = ops::mask_bits(key == tv); tie != 0 && quota > 0; tie &= tie - 1, --quota) {
+      for (std::uint32_t tie = ops::mask_bits(key == tv); tie != 0 && quota > 0;
+           tie &= tie - 1, --quota) {
         keep |= tie & (0u - tie);
       }
-      chosen += ops::compress2(keep, ops::load_words(local + j), raw, out_local + chosen, out_bits + chosen);
+      chosen += ops::compress2(keep, ops::load_words(local + j), raw, out_local + chosen,
+                               out_bits + chosen);
     }
   }
   for (; j < last; ++j) {
@@ -623,7 +640,8 @@ void emit_candidates(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
   const std::uint32_t* const bits = ws.bits.data();
   emit_group* const groups = ws.groups.data();
   const std::size_t concurrency = std::max<std::size_t>(ex.concurrency(), 1);
-  const std::uint64_t target = concurrency == 1 ? ws.count : std::max<std::uint64_t>(8192, ws.count / (4 * concurrency));
+  const std::uint64_t target =
+      concurrency == 1 ? ws.count : std::max<std::uint64_t>(8192, ws.count / (4 * concurrency));
   std::uint64_t ngroups = 0;
   for (std::uint64_t s = 0; s < ws.segment_count;) {
     emit_group g;
@@ -631,7 +649,8 @@ void emit_candidates(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
     std::uint64_t in_group = 0;
     while (s < ws.segment_count && in_group < target) {
       // A chunk flushes at most a staging buffer at a time: what `emit_group_fn` stages.
-      STELLATRAIN_ASSERT(segs[s].count <= staging_entries, "emit_candidates: segment over a staging buffer");
+      STELLATRAIN_ASSERT(segs[s].count <= staging_entries,
+                         "emit_candidates: segment over a staging buffer");
       in_group += segs[s++].count;
     }
     g.seg_end = s;
@@ -644,7 +663,8 @@ void emit_candidates(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
       std::uint64_t gt = 0;
       std::uint64_t eq = 0;
       for (std::uint64_t s = g.seg_begin; s < g.seg_end; ++s) {
-        count_around<Arch>(bits, segs[s].offset, segs[s].offset + segs[s].count, key_mask, t, gt, eq);
+        count_around<Arch>(bits, segs[s].offset, segs[s].offset + segs[s].count, key_mask, t, gt,
+                           eq);
       }
       g.greater = gt;
       g.equal = eq;
@@ -667,10 +687,11 @@ void emit_candidates(Ex& ex, candidate_workspace& ws, std::uint32_t key_mask, kt
     alignas(64) std::uint32_t chosen_bits[staging_entries + staging_slack];
     for (std::uint64_t s = g.seg_begin; s < g.seg_end; ++s) {
       const std::uint64_t first = segs[s].offset;
-      const std::uint64_t chosen = choose_segment<Arch>(local, bits, first, first + segs[s].count, key_mask, t,
-                                                        quota, chosen_local, chosen_bits);
+      const std::uint64_t chosen = choose_segment<Arch>(
+          local, bits, first, first + segs[s].count, key_mask, t, quota, chosen_local, chosen_bits);
       const std::uint64_t base = segs[s].chunk_begin;
-      for (std::uint64_t c = 0; c < chosen; ++c) emit(pos++, base + chosen_local[c], chosen_bits[c]);
+      for (std::uint64_t c = 0; c < chosen; ++c)
+        emit(pos++, base + chosen_local[c], chosen_bits[c]);
     }
   };
   if (ngroups == 1) {
@@ -715,18 +736,20 @@ void emit_all_with_fill(const candidate_workspace& ws, std::uint64_t fill, std::
 /// elements reach it. Never 0 (0 would keep every zero; 1 keeps every non-zero). `scratch`
 /// holds `samples` keys. Reads through `peek` (no side effects), split across the executor.
 template <executor Ex, class Source>
-std::uint32_t sample_low_key(Ex& ex, const Source& src, std::uint64_t n, std::uint64_t target, std::uint64_t samples,
-                             double z, bool jitter, std::uint32_t* scratch) {
+std::uint32_t sample_low_key(Ex& ex, const Source& src, std::uint64_t n, std::uint64_t target,
+                             std::uint64_t samples, double z, bool jitter, std::uint32_t* scratch) {
   samples = std::clamp<std::uint64_t>(samples, 1, n);
   const std::uint64_t stride = n / samples;
-  const std::uint64_t pieces = std::clamp<std::uint64_t>(samples / 4096, 1, std::max<std::size_t>(ex.concurrency(), 1));
+  const std::uint64_t pieces =
+      std::clamp<std::uint64_t>(samples / 4096, 1, std::max<std::size_t>(ex.concurrency(), 1));
   for_each_piece(ex, samples, pieces, [&](std::uint64_t, std::uint64_t b, std::uint64_t e) {
     for (std::uint64_t j = b; j < e; ++j) {
       const std::uint64_t pos = j * stride + (jitter ? mix64(j) % stride : 0);
       scratch[j] = src.peek(pos) & Source::key_mask;
     }
   });
-  const double expected = static_cast<double>(target) / static_cast<double>(n) * static_cast<double>(samples);
+  const double expected =
+      static_cast<double>(target) / static_cast<double>(n) * static_cast<double>(samples);
   const double want = std::ceil(expected + z * std::sqrt(expected) + 1.0);
   const auto rank = static_cast<std::uint64_t>(std::clamp(want, 1.0, static_cast<double>(samples)));
   // The rank-th largest sample key: the 11-bit bin of the top bits that holds it, then an
@@ -742,7 +765,8 @@ std::uint32_t sample_low_key(Ex& ex, const Source& src, std::uint64_t n, std::ui
     if ((scratch[j] >> shift) == d) scratch[m++] = scratch[j];
   }
   const std::uint64_t r = rank - above;  // 1 <= r <= m
-  std::nth_element(scratch, scratch + (r - 1), scratch + m, [](std::uint32_t a, std::uint32_t b) { return a > b; });
+  std::nth_element(scratch, scratch + (r - 1), scratch + m,
+                   [](std::uint32_t a, std::uint32_t b) { return a > b; });
   return std::max<std::uint32_t>(scratch[r - 1], 1);
 }
 

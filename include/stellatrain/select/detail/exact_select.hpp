@@ -10,8 +10,8 @@
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/select/detail/candidate_pass.hpp>
 #include <stellatrain/select/detail/keys.hpp>
-#include <stellatrain/select/selection_source.hpp>
 #include <stellatrain/select/selection.hpp>
+#include <stellatrain/select/selection_source.hpp>
 
 #include <algorithm>
 #include <array>
@@ -56,17 +56,21 @@ struct candidate_select_workspace {
 
 /// How a selection went.
 struct select_outcome {
-  std::uint32_t kth_key = 0;     ///< key of the k-th selected element (the smallest selected key)
-  std::uint64_t count = 0;       ///< elements emitted
-  bool candidates_valid = false; ///< the store holds every element whose key reaches some bound
-  bool exact = true;             ///< the selection is the exact top k
-  bool fallback = false;         ///< full radix passes ran
-  bool deficit = false;          ///< fewer than k candidates: lowest-index elements filled in
-  int passes = 0;                ///< passes over the data
+  std::uint32_t kth_key = 0;      ///< key of the k-th selected element (the smallest selected key)
+  std::uint64_t count = 0;        ///< elements emitted
+  bool candidates_valid = false;  ///< the store holds every element whose key reaches some bound
+  bool exact = true;              ///< the selection is the exact top k
+  bool fallback = false;          ///< full radix passes ran
+  bool deficit = false;           ///< fewer than k candidates: lowest-index elements filled in
+  int passes = 0;                 ///< passes over the data
 };
 
 [[nodiscard]] inline selection_stats stats_of(const select_outcome& o) noexcept {
-  return {.count = o.count, .exact = o.exact, .passes = o.passes, .fallback = o.fallback, .deficit = o.deficit};
+  return {.count = o.count,
+          .exact = o.exact,
+          .passes = o.passes,
+          .fallback = o.fallback,
+          .deficit = o.deficit};
 }
 
 /// Exact top-k by full radix passes over the data (no sampled bound): per level, a histogram
@@ -92,7 +96,8 @@ select_outcome radix_select_full(Ex& ex, const Reader& rd, std::uint64_t n, std:
   std::array<std::uint64_t, radix_bins> total;
   for (;;) {
     const std::uint32_t range = hi - lo;
-    const int shift = std::max(0, static_cast<int>(std::bit_width(range)) - static_cast<int>(radix_bits));
+    const int shift =
+        std::max(0, static_cast<int>(std::bit_width(range)) - static_cast<int>(radix_bits));
     const std::uint32_t bins = (range >> shift) + 1;
     for_each_chunk(ex, n, grain, [&](std::uint64_t b, std::uint64_t e) {
       std::uint32_t* h = hist + (b / grain) * radix_bins;
@@ -122,9 +127,11 @@ select_outcome radix_select_full(Ex& ex, const Reader& rd, std::uint64_t n, std:
     const std::uint32_t bin_hi = std::min(hi, bin_lo + ((1u << shift) - 1u));
     const std::uint64_t at_or_above = above + total[d];
     if (at_or_above <= ws.capacity()) {
-      [[maybe_unused]] const collect_result r = collect_candidates<Arch>(ex, rd, n, bin_lo, {0, 0}, ws);
+      [[maybe_unused]] const collect_result r =
+          collect_candidates<Arch>(ex, rd, n, bin_lo, {0, 0}, ws);
       ++outcome.passes;
-      STELLATRAIN_ASSERT(!r.overflow && r.count == at_or_above, "radix_select_full: recount differs");
+      STELLATRAIN_ASSERT(!r.overflow && r.count == at_or_above,
+                         "radix_select_full: recount differs");
       const kth_key kth = find_kth_candidate<Arch>(ex, ws, k, key_mask);
       emit_candidates<Arch>(ex, ws, key_mask, kth, k, emit);
       outcome.kth_key = kth.key;
@@ -202,8 +209,8 @@ select_outcome select_exact(Ex& ex, const Source& src, std::uint64_t n, std::uin
   select_outcome outcome;
   std::uint32_t low = 0;
   if (n > ws.capacity()) {
-    low = sample_low_key(ex, src, n, std::max(sample_target, k), tuning.samples, tuning.z, tuning.jitter,
-                         ws.keys.data());
+    low = sample_low_key(ex, src, n, std::max(sample_target, k), tuning.samples, tuning.z,
+                         tuning.jitter, ws.keys.data());
   }
   const collect_result r = collect_candidates<Arch>(ex, src, n, low, {0, 0}, ws);
   outcome.passes = 1;

@@ -19,10 +19,14 @@ inline constexpr std::uint32_t key_mask_of = sizeof(T) == 4 ? 0x7fffffffu : 0x7f
 
 /// Largest finite magnitude key of `T` (keys above it are infinity, then NaNs).
 template <class T>
-inline constexpr std::uint32_t max_finite_key_of =
-    std::is_same_v<T, float> ? 0x7f7fffffu : (std::is_same_v<T, fp16> ? 0x7bffu : 0x7f7fu);
+inline constexpr std::uint32_t max_finite_key_of = std::is_same_v<T, float>
+                                                       ? 0x7f7fffffu
+                                                       : (std::is_same_v<T, fp16> ? 0x7bffu
+                                                                                  : 0x7f7fu);
 
-[[nodiscard]] STELLATRAIN_FORCE_INLINE std::uint32_t raw_bits(float x) noexcept { return std::bit_cast<std::uint32_t>(x); }
+[[nodiscard]] STELLATRAIN_FORCE_INLINE std::uint32_t raw_bits(float x) noexcept {
+  return std::bit_cast<std::uint32_t>(x);
+}
 [[nodiscard]] STELLATRAIN_FORCE_INLINE std::uint32_t raw_bits(fp16 x) noexcept { return x.bits(); }
 [[nodiscard]] STELLATRAIN_FORCE_INLINE std::uint32_t raw_bits(bf16 x) noexcept { return x.bits(); }
 

@@ -69,7 +69,8 @@ struct candidate_buffer {
   std::uint64_t cap;
   bool wide;
   __device__ std::uint64_t get(std::uint64_t j) const {
-    return wide ? static_cast<const std::uint64_t*>(data)[j] : static_cast<const std::uint32_t*>(data)[j];
+    return wide ? static_cast<const std::uint64_t*>(data)[j]
+                : static_cast<const std::uint32_t*>(data)[j];
   }
   __device__ void set(std::uint64_t j, std::uint64_t index) const {
     if (wide) {
@@ -111,13 +112,15 @@ __device__ inline void warp_histogram(std::uint32_t* hist, std::uint32_t digit, 
 
 /// Appends the indices of a warp's candidates to `buffer` (one atomic per warp); positions at
 /// or past its capacity are counted but not written.
-__device__ inline void warp_append(const candidate_buffer& buffer, std::uint64_t* cursor, std::uint64_t index,
-                                   bool candidate) {
+__device__ inline void warp_append(const candidate_buffer& buffer, std::uint64_t* cursor,
+                                   std::uint64_t index, bool candidate) {
   const unsigned mask = __ballot_sync(full_warp, candidate);
   if (mask == 0) return;
   const unsigned lane = threadIdx.x & 31u;
   unsigned long long base = 0;
-  if (lane == 0) base = atomicAdd(reinterpret_cast<unsigned long long*>(cursor), static_cast<unsigned long long>(__popc(mask)));
+  if (lane == 0)
+    base = atomicAdd(reinterpret_cast<unsigned long long*>(cursor),
+                     static_cast<unsigned long long>(__popc(mask)));
   base = __shfl_sync(full_warp, base, 0);
   if (candidate) {
     const std::uint64_t pos = base + static_cast<std::uint64_t>(__popc(mask & ((1u << lane) - 1u)));
@@ -132,7 +135,9 @@ __device__ inline void clear_histogram(std::uint32_t* hist) {
 __device__ inline void flush_histogram(const std::uint32_t* hist, std::uint64_t* global) {
   for (unsigned b = threadIdx.x; b < device_radix_bins; b += blockDim.x) {
     const std::uint32_t c = hist[b];
-    if (c != 0) atomicAdd(reinterpret_cast<unsigned long long*>(&global[b]), static_cast<unsigned long long>(c));
+    if (c != 0)
+      atomicAdd(reinterpret_cast<unsigned long long*>(&global[b]),
+                static_cast<unsigned long long>(c));
   }
 }
 
@@ -151,10 +156,11 @@ __device__ inline bool arrive_last(std::uint32_t* ticket) {
 
 /// The bucket choice by the whole (last) block: each thread scans 4 rank positions with the
 /// exclusive prefix of the threads before it. Returns the same as radix_choose.
-__device__ inline radix_step_result block_choose(const std::uint64_t* hist, const radix_plan& p, std::uint32_t level,
-                                                 std::uint64_t k) {
+__device__ inline radix_step_result block_choose(const std::uint64_t* hist, const radix_plan& p,
+                                                 std::uint32_t level, std::uint64_t k) {
   constexpr int per = device_radix_bins / radix_threads;
-  static_assert(per * radix_threads == static_cast<int>(device_radix_bins), "positions must split evenly");
+  static_assert(per * radix_threads == static_cast<int>(device_radix_bins),
+                "positions must split evenly");
   using scan_t = cub::BlockScan<unsigned long long, radix_threads>;
   __shared__ typename scan_t::TempStorage scan_storage;
   __shared__ radix_crossing found;
@@ -163,7 +169,9 @@ __device__ inline radix_step_result block_choose(const std::uint64_t* hist, cons
   unsigned long long sum = 0;
   for (int j = 0; j < per; ++j) {
     const std::uint32_t pos = threadIdx.x * per + static_cast<std::uint32_t>(j);
-    counts[j] = pos < bins ? __ldcg(reinterpret_cast<const unsigned long long*>(hist + radix_position_digit(p, level, pos))) : 0u;
+    counts[j] = pos < bins ? __ldcg(reinterpret_cast<const unsigned long long*>(
+                                 hist + radix_position_digit(p, level, pos)))
+                           : 0u;
     sum += counts[j];
   }
   unsigned long long before = 0;
@@ -202,12 +210,14 @@ __device__ inline void block_append(block_append_storage& shared, const candidat
     total += static_cast<unsigned>(__popc(masks[u]));
   }
   unsigned long long offset = 0;
-  if (lane == 0 && total != 0) offset = atomicAdd(&shared.count, static_cast<unsigned long long>(total));
+  if (lane == 0 && total != 0)
+    offset = atomicAdd(&shared.count, static_cast<unsigned long long>(total));
   offset = __shfl_sync(full_warp, offset, 0);
   __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned long long count = shared.count;
-    shared.base = count != 0 ? atomicAdd(reinterpret_cast<unsigned long long*>(cursor), count) : 0ull;
+    shared.base =
+        count != 0 ? atomicAdd(reinterpret_cast<unsigned long long*>(cursor), count) : 0ull;
     shared.count = 0;
   }
   __syncthreads();
@@ -226,7 +236,8 @@ __device__ inline void block_append(block_append_storage& shared, const candidat
 // Every pass walks its items in block iterations of radix_block_chunk consecutive items: warp w
 // takes radix_unroll rounds of 32 consecutive items at offset w * radix_warp_chunk. The loop
 // condition is the same for the whole block, so block-wide synchronisation inside is safe.
-inline constexpr std::uint64_t radix_block_chunk = static_cast<std::uint64_t>(radix_warps) * radix_warp_chunk;
+inline constexpr std::uint64_t radix_block_chunk =
+    static_cast<std::uint64_t>(radix_warps) * radix_warp_chunk;
 
 // ------------------------------------------------------------------ scan and histogram steps
 
@@ -234,7 +245,8 @@ inline constexpr std::uint64_t radix_block_chunk = static_cast<std::uint64_t>(ra
 /// key digit 0. The scan also applies the threshold, appends candidates to buffer 0, clears the
 /// bitmap and (with a feedback source) writes acc back; the histogram step does only its name.
 template <class Source>
-__global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_scan_kernel(radix_args a, Source src, std::uint32_t step) {
+__global__ void __launch_bounds__(radix_threads, radix_min_blocks)
+    radix_scan_kernel(radix_args a, Source src, std::uint32_t step) {
   __shared__ std::uint32_t hist[device_radix_bins];
   __shared__ block_append_storage appender;
   const bool scan = step == radix_step_scan;
@@ -281,7 +293,8 @@ __global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_scan_ke
   flush_histogram(hist, a.histograms + static_cast<std::uint64_t>(step) * device_radix_bins);
   if (!arrive_last(a.tickets + step)) return;
 
-  radix_step_result r = block_choose(a.histograms + static_cast<std::uint64_t>(step) * device_radix_bins, a.plan, 0, a.k);
+  radix_step_result r = block_choose(
+      a.histograms + static_cast<std::uint64_t>(step) * device_radix_bins, a.plan, 0, a.k);
   if (threadIdx.x == 0) {
     r.appended = __ldcg(reinterpret_cast<const unsigned long long*>(cursor));
     radix_state s = *a.state;
@@ -300,7 +313,8 @@ __global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_scan_ke
 /// the bitmap; the tied bucket is histogrammed by the next digit and appended to the other
 /// buffer when it fits. Reads the whole tensor or only a buffer of candidates.
 template <class K>
-__global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_classify_kernel(radix_args a, const K* x, std::uint32_t step) {
+__global__ void __launch_bounds__(radix_threads, radix_min_blocks)
+    radix_classify_kernel(radix_args a, const K* x, std::uint32_t step) {
   __shared__ std::uint32_t hist[device_radix_bins];
   __shared__ radix_state shared_state;
   __shared__ block_append_storage appender;
@@ -309,7 +323,8 @@ __global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_classif
     appender.count = 0;
   }
   __syncthreads();
-  const radix_state& s = shared_state;  // read from shared memory: keeps registers for loads in flight
+  const radix_state& s =
+      shared_state;  // read from shared memory: keeps registers for loads in flight
   if (s.phase != radix_running && s.phase != radix_all_in) return;
   const bool all_in = s.phase == radix_all_in;
   const radix_io io = radix_classify_io(s, a.buffer0.cap, a.buffer1.cap);
@@ -354,7 +369,8 @@ __global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_classif
       }
       if (from_input) {  // the warp's 32 items are one bitmap word
         const unsigned word = __ballot_sync(full_warp, mark);
-        if (lane == 0 && word != 0) atomicOr(&a.bitmap[(base >> 5) + static_cast<std::uint64_t>(u)], word);
+        if (lane == 0 && word != 0)
+          atomicOr(&a.bitmap[(base >> 5) + static_cast<std::uint64_t>(u)], word);
       } else if (mark) {
         atomicOr(&a.bitmap[index[u] >> 5], 1u << (index[u] & 31u));
       }
@@ -363,8 +379,10 @@ __global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_classif
     if (append) block_append(appender, dst, cursor, candidate, index);
   }
   __syncthreads();
-  const std::uint64_t* step_hist = a.histograms + static_cast<std::uint64_t>(step) * device_radix_bins;
-  if (!all_in) flush_histogram(hist, a.histograms + static_cast<std::uint64_t>(step) * device_radix_bins);
+  const std::uint64_t* step_hist =
+      a.histograms + static_cast<std::uint64_t>(step) * device_radix_bins;
+  if (!all_in)
+    flush_histogram(hist, a.histograms + static_cast<std::uint64_t>(step) * device_radix_bins);
   if (!arrive_last(a.tickets + step)) return;
 
   radix_step_result r{0, {0, 0, 0, false}, 0};
@@ -384,12 +402,13 @@ __global__ void __launch_bounds__(radix_threads, radix_min_blocks) radix_classif
 
 /// Selected elements per tile.
 template <int = 0>
-__global__ void __launch_bounds__(compaction_threads) compaction_count_kernel(const std::uint32_t* bitmap,
-                                                                              std::uint64_t words,
-                                                                              std::uint64_t* tile_counts) {
+__global__ void __launch_bounds__(compaction_threads)
+    compaction_count_kernel(const std::uint32_t* bitmap, std::uint64_t words,
+                            std::uint64_t* tile_counts) {
   using reduce_t = cub::BlockReduce<std::uint32_t, compaction_threads>;
   __shared__ typename reduce_t::TempStorage storage;
-  const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * compaction_tile_words + threadIdx.x;
+  const std::uint64_t first =
+      static_cast<std::uint64_t>(blockIdx.x) * compaction_tile_words + threadIdx.x;
   std::uint32_t count = 0;
 #pragma unroll
   for (std::uint32_t r = 0; r < compaction_words_per_thread; ++r) {
@@ -403,13 +422,13 @@ __global__ void __launch_bounds__(compaction_threads) compaction_count_kernel(co
 /// Writes the selected elements of each tile at their place in the ascending output:
 /// `emit(position, index)` for every set bit, in index order.
 template <class Emit>
-__global__ void __launch_bounds__(compaction_threads) compaction_write_kernel(const std::uint32_t* bitmap,
-                                                                              std::uint64_t words,
-                                                                              const std::uint64_t* tile_offsets,
-                                                                              Emit emit) {
+__global__ void __launch_bounds__(compaction_threads)
+    compaction_write_kernel(const std::uint32_t* bitmap, std::uint64_t words,
+                            const std::uint64_t* tile_offsets, Emit emit) {
   using scan_t = cub::BlockScan<std::uint32_t, compaction_threads>;
   __shared__ typename scan_t::TempStorage storage;
-  const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * compaction_tile_words + threadIdx.x;
+  const std::uint64_t first =
+      static_cast<std::uint64_t>(blockIdx.x) * compaction_tile_words + threadIdx.x;
   std::uint32_t w[compaction_words_per_thread];
 #pragma unroll
   for (std::uint32_t r = 0; r < compaction_words_per_thread; ++r) {
@@ -464,9 +483,9 @@ struct feedback_emitter {
 // ------------------------------------------------------------------ finaliser
 
 struct finalize_args {
-  selection_header header;          // everything but status, flags and kth_key
-  const radix_state* state;         // null: no radix select ran (k == 0, or another backend)
-  bool check_total;                 // the compaction ran: compare its total with the count
+  selection_header header;   // everything but status, flags and kth_key
+  const radix_state* state;  // null: no radix select ran (k == 0, or another backend)
+  bool check_total;          // the compaction ran: compare its total with the count
   const std::uint64_t* tile_counts;
   const std::uint64_t* tile_offsets;
   std::uint64_t tiles;
@@ -486,8 +505,9 @@ __global__ void selection_finalize_kernel(finalize_args a) {
   }
   if (a.state != nullptr) {
     const radix_state s = *a.state;
-    h.status |= s.status |
-                (s.phase != radix_done ? static_cast<std::uint32_t>(selection_status::inconsistent_counts) : 0u);
+    h.status |= s.status | (s.phase != radix_done
+                                ? static_cast<std::uint32_t>(selection_status::inconsistent_counts)
+                                : 0u);
     h.flags = s.flags;
     h.kth_key = s.key_prefix;
     if (a.threshold != nullptr) {
@@ -512,9 +532,10 @@ __global__ void accumulate_kernel(Source src, std::uint64_t n) {
 
 /// Marks the elements behind composite keys (magnitude key << 32 | ~index) in the bitmap.
 template <int = 0>
-__global__ void mark_composite_keys_kernel(const std::uint64_t* keys, std::uint64_t count, std::uint32_t* bitmap) {
-  for (std::uint64_t j = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < count;
-       j += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+__global__ void mark_composite_keys_kernel(const std::uint64_t* keys, std::uint64_t count,
+                                           std::uint32_t* bitmap) {
+  for (std::uint64_t j = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       j < count; j += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
     const std::uint64_t i = 0xffffffffu - static_cast<std::uint32_t>(keys[j] & 0xffffffffu);
     atomicOr(&bitmap[i >> 5], 1u << (i & 31u));
   }
@@ -523,17 +544,17 @@ __global__ void mark_composite_keys_kernel(const std::uint64_t* keys, std::uint6
 // ------------------------------------------------------------------ sampled threshold
 
 template <class Source>
-__global__ void sample_keys_kernel(Source src, std::uint64_t samples, std::uint64_t stride, std::uint64_t seed,
-                                   std::uint32_t* keys) {
-  for (std::uint64_t j = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < samples;
-       j += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+__global__ void sample_keys_kernel(Source src, std::uint64_t samples, std::uint64_t stride,
+                                   std::uint64_t seed, std::uint32_t* keys) {
+  for (std::uint64_t j = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       j < samples; j += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
     keys[j] = src.key(src.load(sample_position(j, stride, seed)));
   }
 }
 
 template <int = 0>
 __global__ void pick_threshold_kernel(const std::uint32_t* sorted_descending, std::uint64_t rank,
-                                             topk_threshold_state* state) {
+                                      topk_threshold_state* state) {
   state->key = sorted_descending[rank];
 }
 

@@ -20,9 +20,15 @@ namespace stellatrain::detail {
 // An element ranks by the bit pattern of |x| read as an unsigned integer: +0 == -0, +inf above
 // every finite value, NaN above +inf. Ties go to the lowest index.
 
-STELLATRAIN_HOST_DEVICE constexpr std::uint32_t magnitude_key(float x) noexcept { return float_bits(x) & 0x7fffffffu; }
-STELLATRAIN_HOST_DEVICE constexpr std::uint32_t magnitude_key(fp16 x) noexcept { return x.bits() & 0x7fffu; }
-STELLATRAIN_HOST_DEVICE constexpr std::uint32_t magnitude_key(bf16 x) noexcept { return x.bits() & 0x7fffu; }
+STELLATRAIN_HOST_DEVICE constexpr std::uint32_t magnitude_key(float x) noexcept {
+  return float_bits(x) & 0x7fffffffu;
+}
+STELLATRAIN_HOST_DEVICE constexpr std::uint32_t magnitude_key(fp16 x) noexcept {
+  return x.bits() & 0x7fffu;
+}
+STELLATRAIN_HOST_DEVICE constexpr std::uint32_t magnitude_key(bf16 x) noexcept {
+  return x.bits() & 0x7fffu;
+}
 
 /// Significant bits of the magnitude key of `T`: 31 for float, 15 for fp16/bf16.
 template <class T>
@@ -69,7 +75,8 @@ STELLATRAIN_HOST_DEVICE constexpr std::uint32_t radix_levels_of(std::uint32_t bi
 }
 
 /// Digit `j` (0 = most significant) of a field of `bits` bits; the last digit takes the rest.
-STELLATRAIN_HOST_DEVICE constexpr radix_digit radix_field_digit(std::uint32_t bits, std::uint32_t j) noexcept {
+STELLATRAIN_HOST_DEVICE constexpr radix_digit radix_field_digit(std::uint32_t bits,
+                                                                std::uint32_t j) noexcept {
   const std::uint32_t top = bits - radix_digit_bits * j;
   const std::uint32_t width = top < radix_digit_bits ? top : radix_digit_bits;
   return {top - width, width};
@@ -91,10 +98,12 @@ struct radix_plan {
   [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr std::uint32_t levels() const noexcept {
     return key_levels + index_levels;
   }
-  [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr bool is_key_level(std::uint32_t level) const noexcept {
+  [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr bool is_key_level(
+      std::uint32_t level) const noexcept {
     return level < key_levels;
   }
-  [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr radix_digit digit(std::uint32_t level) const noexcept {
+  [[nodiscard]] STELLATRAIN_HOST_DEVICE constexpr radix_digit digit(
+      std::uint32_t level) const noexcept {
     return level < key_levels ? radix_field_digit(key_bits, level)
                               : radix_field_digit(index_bits, level - key_levels);
   }
@@ -104,7 +113,8 @@ struct radix_plan {
   }
 };
 
-STELLATRAIN_HOST_DEVICE constexpr radix_plan make_radix_plan(std::uint32_t key_bits, std::uint64_t n) noexcept {
+STELLATRAIN_HOST_DEVICE constexpr radix_plan make_radix_plan(std::uint32_t key_bits,
+                                                             std::uint64_t n) noexcept {
   const std::uint32_t index_bits = index_bits_of(n);
   return {key_bits, radix_levels_of(key_bits), index_bits, radix_levels_of(index_bits)};
 }
@@ -132,7 +142,11 @@ enum radix_phase : std::uint32_t {
   radix_done = 3,            ///< the bitmap holds exactly the selection
 };
 
-enum radix_source : std::uint32_t { radix_from_input = 0, radix_from_buffer0 = 1, radix_from_buffer1 = 2 };
+enum radix_source : std::uint32_t {
+  radix_from_input = 0,
+  radix_from_buffer0 = 1,
+  radix_from_buffer1 = 2
+};
 inline constexpr std::uint32_t radix_no_buffer = 0;
 
 /// Device-resident state of one selection; zero bytes are the initial state.
@@ -161,10 +175,12 @@ struct radix_io {
 
 /// The classify step's input and output given the state before it: read where the
 /// candidates are; append the tied bucket to the other buffer when it fits there.
-STELLATRAIN_HOST_DEVICE constexpr radix_io radix_classify_io(const radix_state& s, std::uint64_t cap0,
+STELLATRAIN_HOST_DEVICE constexpr radix_io radix_classify_io(const radix_state& s,
+                                                             std::uint64_t cap0,
                                                              std::uint64_t cap1) noexcept {
   if (s.phase != radix_running) return {s.source, radix_no_buffer};
-  const std::uint32_t dst = s.source == radix_from_buffer0 ? radix_from_buffer1 : radix_from_buffer0;
+  const std::uint32_t dst =
+      s.source == radix_from_buffer0 ? radix_from_buffer1 : radix_from_buffer0;
   const std::uint64_t cap = dst == radix_from_buffer0 ? cap0 : cap1;
   return {s.source, s.candidates <= cap ? dst : radix_no_buffer};
 }
@@ -174,8 +190,9 @@ enum class radix_class : std::uint32_t { skip, loser, winner, candidate };
 /// How a classify step treats an element with magnitude key `key` at `index`: `skip` if it was
 /// not a candidate before this level, else by its digit at `s.level` against the chosen one
 /// (key levels: larger wins; index levels: smaller wins).
-STELLATRAIN_HOST_DEVICE constexpr radix_class radix_classify(const radix_state& s, const radix_plan& p,
-                                                             std::uint32_t key, std::uint64_t index) noexcept {
+STELLATRAIN_HOST_DEVICE constexpr radix_class radix_classify(const radix_state& s,
+                                                             const radix_plan& p, std::uint32_t key,
+                                                             std::uint64_t index) noexcept {
   const radix_digit d = p.digit(s.level);
   if (p.is_key_level(s.level)) {
     const std::uint32_t before = s.key_mask & ~static_cast<std::uint32_t>(d.mask());
@@ -194,8 +211,10 @@ STELLATRAIN_HOST_DEVICE constexpr radix_class radix_classify(const radix_state& 
 
 /// The digit a candidate is histogrammed by in a classify step (the next level).
 /// Precondition: s.level + 1 < p.levels().
-STELLATRAIN_HOST_DEVICE constexpr std::uint32_t radix_next_digit(const radix_state& s, const radix_plan& p,
-                                                                 std::uint32_t key, std::uint64_t index) noexcept {
+STELLATRAIN_HOST_DEVICE constexpr std::uint32_t radix_next_digit(const radix_state& s,
+                                                                 const radix_plan& p,
+                                                                 std::uint32_t key,
+                                                                 std::uint64_t index) noexcept {
   const std::uint32_t level = s.level + 1;
   return p.is_key_level(level) ? p.digit(level).of(key) : p.digit(level).of(index);
 }
@@ -204,8 +223,8 @@ STELLATRAIN_HOST_DEVICE constexpr std::uint32_t radix_next_digit(const radix_sta
 
 /// Histogram positions are visited in rank order: descending digits for key levels (larger
 /// keys first), ascending for index levels (lower indices first).
-STELLATRAIN_HOST_DEVICE constexpr std::uint32_t radix_position_digit(const radix_plan& p, std::uint32_t level,
-                                                                     std::uint32_t position) noexcept {
+STELLATRAIN_HOST_DEVICE constexpr std::uint32_t radix_position_digit(
+    const radix_plan& p, std::uint32_t level, std::uint32_t position) noexcept {
   const std::uint32_t bins = 1u << p.digit(level).bits;
   return p.is_key_level(level) ? bins - 1u - position : position;
 }
@@ -221,9 +240,10 @@ struct radix_crossing {
 /// records the position where the running total first reaches `k`. Exactly one position of a
 /// histogram satisfies `cum < k <= cum + count` when 1 <= k <= total, so the counts can be cut
 /// into pieces, each scanned with its own exclusive prefix (one piece per GPU thread).
-STELLATRAIN_HOST_DEVICE constexpr void radix_find_crossing(const std::uint64_t* counts, std::uint32_t num,
-                                                           std::uint32_t first, std::uint64_t cum,
-                                                           std::uint64_t k, radix_crossing& out) noexcept {
+STELLATRAIN_HOST_DEVICE constexpr void radix_find_crossing(const std::uint64_t* counts,
+                                                           std::uint32_t num, std::uint32_t first,
+                                                           std::uint64_t cum, std::uint64_t k,
+                                                           radix_crossing& out) noexcept {
   for (std::uint32_t j = 0; j < num; ++j) {
     const std::uint64_t c = counts[j];
     if (cum < k && k <= cum + c) out = {first + j, cum, c, true};
@@ -233,8 +253,10 @@ STELLATRAIN_HOST_DEVICE constexpr void radix_find_crossing(const std::uint64_t* 
 
 /// Serial bucket choice over a histogram indexed by digit (the host emulator's; the device
 /// does the same with one piece per thread).
-STELLATRAIN_HOST_DEVICE constexpr radix_crossing radix_choose(const std::uint64_t* hist_by_digit, const radix_plan& p,
-                                                              std::uint32_t level, std::uint64_t k) noexcept {
+STELLATRAIN_HOST_DEVICE constexpr radix_crossing radix_choose(const std::uint64_t* hist_by_digit,
+                                                              const radix_plan& p,
+                                                              std::uint32_t level,
+                                                              std::uint64_t k) noexcept {
   radix_crossing c{0, 0, 0, false};
   const std::uint32_t bins = 1u << p.digit(level).bits;
   std::uint64_t cum = 0;
@@ -247,7 +269,8 @@ STELLATRAIN_HOST_DEVICE constexpr radix_crossing radix_choose(const std::uint64_
 }
 
 /// Records the bucket chosen at `level` (its rank position, the elements before it and in it).
-STELLATRAIN_HOST_DEVICE constexpr void radix_apply_choice(radix_state& s, const radix_plan& p, std::uint32_t level,
+STELLATRAIN_HOST_DEVICE constexpr void radix_apply_choice(radix_state& s, const radix_plan& p,
+                                                          std::uint32_t level,
                                                           const radix_crossing& c) noexcept {
   const radix_digit d = p.digit(level);
   const std::uint32_t digit = radix_position_digit(p, level, c.position);
@@ -286,8 +309,10 @@ struct radix_step_result {
 /// succeeds if it found at least `k` candidates and buffer 0 held them all, and otherwise hands
 /// over to the full histogram step (a "threshold miss"). Without a threshold the histogram
 /// covers every element, so the choice stands whether or not the elements fit in buffer 0.
-STELLATRAIN_HOST_DEVICE constexpr void radix_finish_scan(radix_state& s, const radix_plan& p, std::uint64_t k,
-                                                         std::uint32_t threshold_key, std::uint64_t cap0,
+STELLATRAIN_HOST_DEVICE constexpr void radix_finish_scan(radix_state& s, const radix_plan& p,
+                                                         std::uint64_t k,
+                                                         std::uint32_t threshold_key,
+                                                         std::uint64_t cap0,
                                                          const radix_step_result& r) noexcept {
   s.scan_total = r.total;
   const bool buffered = r.total <= cap0;
@@ -312,7 +337,8 @@ STELLATRAIN_HOST_DEVICE constexpr void radix_finish_scan(radix_state& s, const r
 }
 
 /// Histogram step (after a threshold miss): the choice over every element.
-STELLATRAIN_HOST_DEVICE constexpr void radix_finish_histogram(radix_state& s, const radix_plan& p, std::uint64_t k,
+STELLATRAIN_HOST_DEVICE constexpr void radix_finish_histogram(radix_state& s, const radix_plan& p,
+                                                              std::uint64_t k,
                                                               const radix_step_result& r) noexcept {
   if (!r.crossing.found) {
     s.status |= 1u;
@@ -327,8 +353,8 @@ STELLATRAIN_HOST_DEVICE constexpr void radix_finish_histogram(radix_state& s, co
 
 /// Classify step; `io` is what `radix_classify_io` said before the step, `write_cap` the
 /// capacity of the buffer it wrote.
-STELLATRAIN_HOST_DEVICE constexpr void radix_finish_classify(radix_state& s, const radix_plan& p, radix_io io,
-                                                             std::uint64_t write_cap,
+STELLATRAIN_HOST_DEVICE constexpr void radix_finish_classify(radix_state& s, const radix_plan& p,
+                                                             radix_io io, std::uint64_t write_cap,
                                                              const radix_step_result& r) noexcept {
   if (s.phase == radix_all_in) {
     s.phase = radix_done;
@@ -359,10 +385,9 @@ struct threshold_update_options {
 /// the slack widens after a miss with too few candidates, narrows after one with too many, and
 /// decays slowly towards `min_slack` while the threshold holds (an AIMD rule on the margin).
 template <class T>
-STELLATRAIN_HOST_DEVICE constexpr void update_threshold_state(topk_threshold_state& t, std::uint32_t kth_key,
-                                                              std::uint32_t flags, std::uint64_t scan_total,
-                                                              std::uint64_t k,
-                                                              const threshold_update_options& o) noexcept {
+STELLATRAIN_HOST_DEVICE constexpr void update_threshold_state(
+    topk_threshold_state& t, std::uint32_t kth_key, std::uint32_t flags, std::uint64_t scan_total,
+    std::uint64_t k, const threshold_update_options& o) noexcept {
   float slack = t.slack > 0.0f ? t.slack : o.initial_slack;
   const bool used = (flags & 2u) != 0;
   const bool missed = (flags & 1u) != 0;
@@ -391,9 +416,12 @@ STELLATRAIN_HOST_DEVICE constexpr void update_threshold_state(topk_threshold_sta
 /// Words of the selection bitmap (one bit per element) and tiles of the compaction.
 inline constexpr std::uint32_t compaction_threads = 256;
 inline constexpr std::uint32_t compaction_words_per_thread = 8;
-inline constexpr std::uint32_t compaction_tile_words = compaction_threads * compaction_words_per_thread;
+inline constexpr std::uint32_t compaction_tile_words =
+    compaction_threads * compaction_words_per_thread;
 
-STELLATRAIN_HOST_DEVICE constexpr std::uint64_t bitmap_words(std::uint64_t n) noexcept { return (n + 31) / 32; }
+STELLATRAIN_HOST_DEVICE constexpr std::uint64_t bitmap_words(std::uint64_t n) noexcept {
+  return (n + 31) / 32;
+}
 STELLATRAIN_HOST_DEVICE constexpr std::uint64_t compaction_tiles(std::uint64_t n) noexcept {
   return (bitmap_words(n) + compaction_tile_words - 1) / compaction_tile_words;
 }
@@ -445,8 +473,10 @@ STELLATRAIN_HOST_DEVICE constexpr std::size_t align_workspace(std::size_t bytes)
 /// Capacities of the two candidate buffers.
 ///   fraction: buffer 1 holds fraction x n candidates (at least min(n, 65536));
 ///   threshold_factor: buffer 0 also holds threshold_factor x k (a threshold scan's candidates).
-STELLATRAIN_HOST_DEVICE constexpr void candidate_capacities(std::uint64_t n, std::uint64_t k, double fraction,
-                                                            double threshold_factor, std::uint64_t& cap0,
+STELLATRAIN_HOST_DEVICE constexpr void candidate_capacities(std::uint64_t n, std::uint64_t k,
+                                                            double fraction,
+                                                            double threshold_factor,
+                                                            std::uint64_t& cap0,
                                                             std::uint64_t& cap1) noexcept {
   const std::uint64_t floor_cap = n < 65536 ? n : 65536;
   auto scaled = [&](double f, std::uint64_t base) {
@@ -464,40 +494,39 @@ STELLATRAIN_HOST_DEVICE constexpr void candidate_capacities(std::uint64_t n, std
 /// Where each part of a selection's workspace lives (byte offsets from a 256-byte aligned base).
 /// The control block [0, control_bytes) is cleared at the start of every selection.
 struct radix_workspace_layout {
-  std::size_t state;         // radix_state
-  std::size_t tickets;       // u32 per step: blocks that finished the step
-  std::size_t appended;      // u64 per step: buffer append cursor
-  std::size_t histograms;    // u64[steps][device_radix_bins]
+  std::size_t state;       // radix_state
+  std::size_t tickets;     // u32 per step: blocks that finished the step
+  std::size_t appended;    // u64 per step: buffer append cursor
+  std::size_t histograms;  // u64[steps][device_radix_bins]
   std::size_t control_bytes;
-  std::size_t buffer0;       // cap0 entries of entry_bytes
-  std::size_t buffer1;       // cap1 entries
-  std::size_t bitmap;        // u32 per 32 elements
-  std::size_t tile_counts;   // u64 per compaction tile
-  std::size_t tile_offsets;  // u64 per compaction tile
-  std::size_t scan_temp;     // CUB scan temporary storage
-  std::size_t sample_keys;   // u32 per sample (sampled threshold)
-  std::size_t sample_sorted; // u32 per sample
-  std::size_t sort_temp;     // CUB sort temporary storage
-  std::size_t cub_keys;      // u64 per selected element (cub::DeviceTopK backend)
-  std::size_t cub_temp;      // cub::DeviceTopK temporary storage
+  std::size_t buffer0;        // cap0 entries of entry_bytes
+  std::size_t buffer1;        // cap1 entries
+  std::size_t bitmap;         // u32 per 32 elements
+  std::size_t tile_counts;    // u64 per compaction tile
+  std::size_t tile_offsets;   // u64 per compaction tile
+  std::size_t scan_temp;      // CUB scan temporary storage
+  std::size_t sample_keys;    // u32 per sample (sampled threshold)
+  std::size_t sample_sorted;  // u32 per sample
+  std::size_t sort_temp;      // CUB sort temporary storage
+  std::size_t cub_keys;       // u64 per selected element (cub::DeviceTopK backend)
+  std::size_t cub_temp;       // cub::DeviceTopK temporary storage
   std::size_t scan_temp_bytes;
   std::size_t sort_temp_bytes;
   std::size_t cub_temp_bytes;
-  std::size_t total;         // bytes, plus workspace_alignment slack for an unaligned base
+  std::size_t total;  // bytes, plus workspace_alignment slack for an unaligned base
   std::uint64_t cap0;
   std::uint64_t cap1;
-  std::uint32_t entry_bytes; // 4 when n <= 2^32, else 8
+  std::uint32_t entry_bytes;  // 4 when n <= 2^32, else 8
   std::uint32_t steps;
   std::uint64_t tiles;
   std::uint64_t words;
   std::uint64_t samples;
 };
 
-inline constexpr radix_workspace_layout plan_radix_workspace(std::uint64_t n, std::uint64_t k, const radix_plan& p,
-                                                             double fraction, double threshold_factor,
-                                                             std::size_t scan_temp_bytes, std::uint64_t samples,
-                                                             std::size_t sort_temp_bytes, std::uint64_t cub_keys,
-                                                             std::size_t cub_temp_bytes) noexcept {
+inline constexpr radix_workspace_layout plan_radix_workspace(
+    std::uint64_t n, std::uint64_t k, const radix_plan& p, double fraction, double threshold_factor,
+    std::size_t scan_temp_bytes, std::uint64_t samples, std::size_t sort_temp_bytes,
+    std::uint64_t cub_keys, std::size_t cub_temp_bytes) noexcept {
   radix_workspace_layout w{};
   w.steps = radix_steps(p);
   w.entry_bytes = n <= (std::uint64_t{1} << 32) ? 4u : 8u;
@@ -536,8 +565,9 @@ inline constexpr radix_workspace_layout plan_radix_workspace(std::uint64_t n, st
 
 /// Sample positions of the sampled threshold: one per stride of n / samples, jittered inside
 /// its stride by a hash of (j, seed) so that a periodic pattern in the tensor does not alias.
-STELLATRAIN_HOST_DEVICE constexpr std::uint64_t sample_position(std::uint64_t j, std::uint64_t stride,
-                                                                 std::uint64_t seed) noexcept {
+STELLATRAIN_HOST_DEVICE constexpr std::uint64_t sample_position(std::uint64_t j,
+                                                                std::uint64_t stride,
+                                                                std::uint64_t seed) noexcept {
   std::uint64_t h = (j + 1) * 0x9e3779b97f4a7c15ull ^ seed;  // splitmix64 finaliser
   h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
   h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
@@ -547,11 +577,13 @@ STELLATRAIN_HOST_DEVICE constexpr std::uint64_t sample_position(std::uint64_t j,
 
 /// Rank (0-based, in descending key order) of the sample whose key becomes the threshold:
 /// the sample's share of k, widened by `oversample`, clamped to the sample.
-STELLATRAIN_HOST_DEVICE constexpr std::uint64_t sample_threshold_rank(std::uint64_t n, std::uint64_t k,
+STELLATRAIN_HOST_DEVICE constexpr std::uint64_t sample_threshold_rank(std::uint64_t n,
+                                                                      std::uint64_t k,
                                                                       std::uint64_t samples,
                                                                       double oversample) noexcept {
   if (samples == 0 || n == 0) return 0;
-  const double want = static_cast<double>(k) / static_cast<double>(n) * static_cast<double>(samples) * oversample;
+  const double want =
+      static_cast<double>(k) / static_cast<double>(n) * static_cast<double>(samples) * oversample;
   if (want >= static_cast<double>(samples)) return samples - 1u;
   std::uint64_t r = static_cast<std::uint64_t>(want);  // ceil(want), at least 1
   if (static_cast<double>(r) < want) ++r;
