@@ -10,12 +10,17 @@
 //   BM_pack_merge_memcpy/lists:4/k:250000/threads:T  memcpy of the merge's input bytes
 //   BM_pack_scatter_add/lists:4/ppm:P/threads:T   the dense alternative of the merge
 //   BM_pack_crc32c/bytes:B                  the checksum alone
+//   BM_pack_bits/<op>/<kernel>/b:B          the vertical bit packing of full index blocks: 64
+//                                           blocks of 256 values of B bits, op pack or unpack,
+//                                           kernel simd (what the packer runs) or scalar (the
+//                                           test oracle), in L2
 // Indices are uniformly random, sorted (core sample_sorted_indices), values N(0, 1). Pack and
 // unpack report the user counter bytes_per_element: message bytes (headers and checksum
 // included) per pair. Buffers are pre-faulted and packer/unpacker warmed up before timing.
 #include <stellatrain/core/crc32c.hpp>
 #include <stellatrain/core/random_indices.hpp>
 #include <stellatrain/pack/aggregate.hpp>
+#include <stellatrain/pack/detail/bit_packing.hpp>
 #include <stellatrain/pack/packer.hpp>
 #include <stellatrain/pack/unpacker.hpp>
 
@@ -218,6 +223,36 @@ void BM_pack_crc32c(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
 }
 
+// 64 blocks of 256 values below 2^b, and the same packed; each unpacked block is checked.
+void bits_case(benchmark::State& state, bool pack, bool simd, unsigned b) {
+  namespace sd = st::detail;
+  constexpr std::size_t blocks = 64;
+  constexpr std::size_t per = st::wire::block_elements;
+  auto v = sb::prefaulted<std::uint32_t>(blocks * per);
+  auto out = sb::prefaulted<std::uint32_t>(blocks * per);
+  auto packed = sb::prefaulted<std::byte>(blocks * per * 4);
+  std::uint64_t x = 0x9e3779b97f4a7c15u * (b + 1);
+  for (auto& e : v.span()) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    e = static_cast<std::uint32_t>(x) & sd::low_mask32(b);
+  }
+  const std::size_t bytes = per * b / 8;
+  for (std::size_t i = 0; i < blocks; ++i) sd::pack_vertical(&v[i * per], b, &packed[i * bytes]);
+  for (auto _ : state) {
+    for (std::size_t i = 0; i < blocks; ++i) {
+      if (pack && simd) sd::pack_vertical(&v[i * per], b, &packed[i * bytes]);
+      if (pack && !simd) sd::pack_vertical_scalar(&v[i * per], b, &packed[i * bytes]);
+      if (!pack && simd) sd::unpack_vertical(&packed[i * bytes], b, &out[i * per]);
+      if (!pack && !simd) sd::unpack_vertical_scalar(&packed[i * bytes], b, &out[i * per]);
+    }
+    benchmark::ClobberMemory();
+  }
+  if (!pack && std::memcmp(out.data(), v.data(), blocks * per * sizeof(std::uint32_t)) != 0) {
+    state.SkipWithError("unpacked values differ");
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * blocks * per));
+}
+
 constexpr std::int64_t densities_ppm[] = {1000, 10000, 100000};  // 0.1%, 1%, 10%
 constexpr int thread_counts[] = {1, 2};
 
@@ -279,6 +314,15 @@ const bool registered = [] {
     }
   }
   benchmark::RegisterBenchmark("BM_pack_crc32c", BM_pack_crc32c)->Arg(1 << 20)->ArgName("bytes");
+  for (const bool pack : {true, false}) {
+    for (const bool simd : {true, false}) {
+      for (const unsigned b : {4u, 8u, 13u, 20u}) {
+        const std::string name = std::string("BM_pack_bits/") + (pack ? "pack/" : "unpack/") +
+                                 (simd ? "simd" : "scalar") + "/b:" + std::to_string(b);
+        benchmark::RegisterBenchmark(name.c_str(), bits_case, pack, simd, b);
+      }
+    }
+  }
   return true;
 }();
 

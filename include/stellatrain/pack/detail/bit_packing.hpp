@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace stellatrain::detail {
@@ -71,8 +72,9 @@ inline void unpack_vertical_scalar(const std::byte* in, unsigned b, std::uint32_
   }
 }
 
-// SIMD versions: a batch of W = 4 or 8 lanes covers lanes [h, h + W) of the layout. Other widths
-// (scalar, 16-lane AVX-512) and big-endian hosts use the scalar code.
+// SIMD versions: a batch of W = 4 or 8 lanes covers lanes [h, h + W) of the layout. AVX-512
+// architectures use their AVX2 batches (vertical_arch); scalar architectures and big-endian
+// hosts use the scalar code.
 // GCC's AddressSanitizer builds use the scalar code too: instrumenting the unrolled kernels
 // (33 widths x 32 slots, per architecture) takes GCC gigabytes and many minutes per translation
 // unit. The optimised builds test the SIMD kernels against the scalar ones; clang's fuzzing
@@ -89,77 +91,59 @@ inline constexpr bool vertical_simd = vertical_simd_enabled&& std::endian::nativ
                                       (xsimd::batch<std::uint32_t, Arch>::size == 4 ||
                                        xsimd::batch<std::uint32_t, Arch>::size == 8);
 
-// One width B fixed at compile time: every shift, store and word boundary of the 32 slots is a
-// constant, so the loops unroll into straight-line shifts, ORs and stores (no branches).
-template <unsigned B, class Arch, std::size_t S>
-STELLATRAIN_FORCE_INLINE void pack_slot(const std::uint32_t* v, std::uint32_t* words, std::size_t h,
-                                        xsimd::batch<std::uint32_t, Arch>& acc) noexcept {
-  using batch = xsimd::batch<std::uint32_t, Arch>;
-  constexpr unsigned first = static_cast<unsigned>(S) * B;
-  constexpr unsigned fill = first % 32;
-  constexpr std::size_t word = first / 32;
-  const batch x = batch::load_unaligned(v + S * vertical_lanes + h) & batch(low_mask32(B));
-  if constexpr (fill == 0) {
-    acc = x;
-  } else {
-    acc = acc | (x << static_cast<std::int32_t>(fill));
-  }
-  if constexpr (fill + B >= 32) {
-    acc.store_unaligned(words + word * vertical_lanes + h);
-    if constexpr (fill + B > 32) acc = x >> static_cast<std::int32_t>(32 - fill);
-  }
-}
+// The architecture whose batches the vertical kernels of Arch use.
+template <class Arch>
+using vertical_arch =
+    std::conditional_t<XSIMD_WITH_AVX2 && xsimd::batch<std::uint32_t, Arch>::size == 16,
+                       xsimd::avx2, Arch>;
 
-template <unsigned B, class Arch, std::size_t... S>
-STELLATRAIN_FORCE_INLINE void pack_lanes(const std::uint32_t* v, std::uint32_t* words,
-                                         std::size_t h, std::index_sequence<S...>) noexcept {
-  xsimd::batch<std::uint32_t, Arch> acc(0u);
-  (pack_slot<B, Arch, S>(v, words, h, acc), ...);
-}
-
+// One width B fixed at compile time and the 32 slots unrolled: every shift, store and word
+// boundary is a constant, so the kernel is straight-line shifts, ORs and stores (no branches).
+// A loop that the compiler unrolls, rather than one template per slot, keeps the number of
+// instantiations (and the compile time of a translation unit that packs) down.
 template <unsigned B, class Arch>
 void pack_vertical_fixed(const std::uint32_t* v, std::byte* out) noexcept {
+  using batch = xsimd::batch<std::uint32_t, Arch>;
   if constexpr (B > 0) {
-    auto* words = reinterpret_cast<std::uint32_t*>(out);
-    for (std::size_t h = 0; h < vertical_lanes; h += xsimd::batch<std::uint32_t, Arch>::size) {
-      pack_lanes<B, Arch>(v, words, h,
-                          std::make_index_sequence<wire::block_elements / vertical_lanes>());
+    auto* const words = reinterpret_cast<std::uint32_t*>(out);
+    const batch mask(low_mask32(B));
+    for (std::size_t h = 0; h < vertical_lanes; h += batch::size) {
+      batch acc(0u);
+#pragma GCC unroll 32
+      for (unsigned s = 0; s < wire::block_elements / vertical_lanes; ++s) {
+        const unsigned fill = s * B % 32;
+        const batch x = batch::load_unaligned(v + s * vertical_lanes + h) & mask;
+        acc = fill == 0 ? x : acc | (x << static_cast<std::int32_t>(fill));
+        if (fill + B >= 32) {
+          acc.store_unaligned(words + s * B / 32 * vertical_lanes + h);
+          if (fill + B > 32) acc = x >> static_cast<std::int32_t>(32 - fill);
+        }
+      }
     }
   }
 }
 
-template <unsigned B, class Arch, std::size_t S>
-STELLATRAIN_FORCE_INLINE void unpack_slot(const std::uint32_t* words, std::uint32_t* v,
-                                          std::size_t h) noexcept {
-  using batch = xsimd::batch<std::uint32_t, Arch>;
-  constexpr unsigned first = static_cast<unsigned>(S) * B;
-  constexpr unsigned shift = first % 32;
-  constexpr std::size_t word = first / 32;
-  batch x = batch::load_unaligned(words + word * vertical_lanes + h);
-  if constexpr (shift != 0) x = x >> static_cast<std::int32_t>(shift);
-  if constexpr (shift + B > 32) {
-    x = x | (batch::load_unaligned(words + (word + 1) * vertical_lanes + h)
-             << static_cast<std::int32_t>(32 - shift));
-  }
-  if constexpr (B < 32) x = x & batch(low_mask32(B));
-  x.store_unaligned(v + S * vertical_lanes + h);
-}
-
-template <unsigned B, class Arch, std::size_t... S>
-STELLATRAIN_FORCE_INLINE void unpack_lanes(const std::uint32_t* words, std::uint32_t* v,
-                                           std::size_t h, std::index_sequence<S...>) noexcept {
-  (unpack_slot<B, Arch, S>(words, v, h), ...);
-}
-
 template <unsigned B, class Arch>
 void unpack_vertical_fixed(const std::byte* in, std::uint32_t* v) noexcept {
+  using batch = xsimd::batch<std::uint32_t, Arch>;
   if constexpr (B == 0) {
     std::memset(v, 0, wire::block_elements * sizeof(std::uint32_t));
   } else {
-    const auto* words = reinterpret_cast<const std::uint32_t*>(in);
-    for (std::size_t h = 0; h < vertical_lanes; h += xsimd::batch<std::uint32_t, Arch>::size) {
-      unpack_lanes<B, Arch>(words, v, h,
-                            std::make_index_sequence<wire::block_elements / vertical_lanes>());
+    const auto* const words = reinterpret_cast<const std::uint32_t*>(in);
+    const batch mask(low_mask32(B));
+    for (std::size_t h = 0; h < vertical_lanes; h += batch::size) {
+#pragma GCC unroll 32
+      for (unsigned s = 0; s < wire::block_elements / vertical_lanes; ++s) {
+        const unsigned shift = s * B % 32;
+        const std::uint32_t* w = words + s * B / 32 * vertical_lanes + h;
+        batch x = batch::load_unaligned(w);
+        if (shift != 0) x = x >> static_cast<std::int32_t>(shift);
+        if (shift + B > 32)
+          x = x |
+              (batch::load_unaligned(w + vertical_lanes) << static_cast<std::int32_t>(32 - shift));
+        if (B < 32) x = x & mask;
+        x.store_unaligned(v + s * vertical_lanes + h);
+      }
     }
   }
 }
@@ -199,20 +183,20 @@ STELLATRAIN_FORCE_INLINE void unpack_vertical_dispatch(unsigned b, const std::by
 /// Packs v[0..255] (only their low b bits are used, b <= 32) into 32 * b bytes at `out`.
 template <class Arch = xsimd::default_arch>
 void pack_vertical(const std::uint32_t* v, unsigned b, std::byte* out) noexcept {
-  if constexpr (!vertical_simd<Arch>) {
+  if constexpr (!vertical_simd<vertical_arch<Arch>>) {
     pack_vertical_scalar(v, b, out);
   } else {
-    pack_vertical_dispatch<Arch, 0, 32>(b, v, out);
+    pack_vertical_dispatch<vertical_arch<Arch>, 0, 32>(b, v, out);
   }
 }
 
 /// Unpacks 256 values of b bits (b <= 32) from the 32 * b bytes at `in`.
 template <class Arch = xsimd::default_arch>
 void unpack_vertical(const std::byte* in, unsigned b, std::uint32_t* v) noexcept {
-  if constexpr (!vertical_simd<Arch>) {
+  if constexpr (!vertical_simd<vertical_arch<Arch>>) {
     unpack_vertical_scalar(in, b, v);
   } else {
-    unpack_vertical_dispatch<Arch, 0, 32>(b, in, v);
+    unpack_vertical_dispatch<vertical_arch<Arch>, 0, 32>(b, in, v);
   }
 }
 
