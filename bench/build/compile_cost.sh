@@ -3,7 +3,10 @@
 # What one translation unit that uses the headers costs to compile, one at a time:
 #   (a) examples/quickstart: a 2-rank in-process training step (compressor, packer, transport,
 #       pipeline, optimizer);
-#   (b) examples/train_fashion_mnist built with one transport (in-process): the trainer.
+#   (b) examples/train_fashion_mnist/training.cpp: the trainer's training, which instantiates
+#       the pipeline (and a dense all-reduce) over one transport, the metered any_transport;
+# and, for the whole trainer, its two other translation units: the options, backends (in-process,
+# MPI, ZeroMQ, as the build directory has them) and report, and the Eigen model.
 # Each is compiled with the exact command of the build directory's compile_commands.json (the
 # ci preset: -O2, warnings as errors), `runs` times, and the fastest wall and CPU time printed.
 #   bench/build/compile_cost.sh [build-dir] [runs]     # default build/ci, 1
@@ -52,9 +55,11 @@ measure() {  # label, command
 }
 
 quick=$(command_of examples/quickstart/quickstart.cpp)
-trainer=$(command_of examples/train_fashion_mnist/train_fashion_mnist.cpp |
-          sed -e 's/-DSTELLATRAIN_DEMO_WITH_MPI=1/-DSTELLATRAIN_DEMO_WITH_MPI=0/' \
-              -e 's/-DSTELLATRAIN_DEMO_WITH_ZMQ=1/-DSTELLATRAIN_DEMO_WITH_ZMQ=0/')
+training=$(command_of examples/train_fashion_mnist/training.cpp)
+main=$(command_of examples/train_fashion_mnist/train_fashion_mnist.cpp)
+model=$(command_of examples/train_fashion_mnist/mlp.cpp)
 echo "compile_cost: $(c++ --version | head -1), $(nproc) cores, build $build, fastest of $runs"
 measure "(a) examples/quickstart" "$quick"
-measure "(b) train_fashion_mnist, in-process transport only" "$trainer"
+measure "(b) train_fashion_mnist/training.cpp" "$training"
+measure "    train_fashion_mnist/train_fashion_mnist.cpp" "$main"
+measure "    train_fashion_mnist/mlp.cpp" "$model"

@@ -3,6 +3,8 @@
 // installs (read with zlib), as normalised float images and byte labels.
 #pragma once
 
+#include "dataset.hpp"
+
 #include <stellatrain/core/error.hpp>
 
 #include <zlib.h>
@@ -14,17 +16,6 @@
 #include <vector>
 
 namespace fashion_mnist {
-
-/// Where Debian's dataset-fashion-mnist package puts the files.
-inline const char* default_directory = "/usr/share/datasets/fashion-mnist";
-
-struct dataset {
-  std::vector<float> images;  // count x 784, row-major, normalised (zero mean, unit variance)
-  std::vector<std::uint8_t> labels;  // count, 0..9
-  std::size_t count = 0;
-  static constexpr std::size_t pixels = 28 * 28;
-  static constexpr int classes = 10;
-};
 
 namespace detail {
 

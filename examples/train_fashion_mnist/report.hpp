@@ -3,6 +3,8 @@
 // summary table, summary.json, curve.csv and a plot drawn by gnuplot.
 #pragma once
 
+#include "results.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -14,27 +16,6 @@
 #include <vector>
 
 namespace fashion_mnist {
-
-struct curve_point {
-  double seconds;  // wall time since the mode started
-  std::uint64_t step;
-  double epoch;
-  double loss;          // mean training loss since the previous point
-  double accuracy;      // test accuracy, 0..1
-  std::uint64_t bytes;  // bytes rank 0 sent so far
-  double density;       // density of the last step (1 for dense)
-};
-
-struct mode_result {
-  std::string mode;
-  std::vector<curve_point> curve;
-  std::optional<double> time_to_target;  // seconds; empty if never reached
-  std::optional<std::uint64_t> steps_to_target;
-  double final_accuracy = 0;
-  std::uint64_t steps = 0;
-  std::uint64_t bytes = 0;
-  double seconds = 0;
-};
 
 inline std::string json_number(std::optional<double> v) {
   if (!v) return "null";
