@@ -75,47 +75,51 @@ TEST_CASE("a restored compressor continues exactly as the uninterrupted one", "[
   const selection_method methods[] = {selection_method::exact_topk, selection_method::threshold,
                                       selection_method::sampled_threshold,
                                       selection_method::block_topk, selection_method::random_k};
-  for (selection_method method : methods) {
-    for (float momentum : {0.0f, 0.9f}) {
-      CAPTURE(static_cast<int>(method), momentum);
-      const runtime_selector<> sel({.method = method, .part = {.rank = 1, .parts = 2}, .seed = 3});
-      const error_feedback_options options{.momentum = momentum};
-      inline_executor ex;
-      error_feedback_compressor<runtime_selector<>, bf16> a(sel, options);
-      a.add_tensor(ex, 9, n);
-      a.add_tensor(ex, 4, n / 3);
-      sparse_buffer<bf16> out;
-      for (std::uint64_t step = 0; step < 7; ++step) {
-        a.compress(ex, 9, gradient(n, step), n / 100, out);
-        a.compress(ex, 4, gradient(n / 3, 50 + step), n / 300, out);
-      }
-      const std::vector<std::byte> saved = a.save_state();
-      error_feedback_compressor<runtime_selector<>, bf16> b(sel, options);
-      b.load_state(ex, saved);
-      REQUIRE(b.tensor_count() == 2);
-      REQUIRE(b.step(9) == 7);
-      sparse_buffer<bf16> oa, ob;
-      for (std::uint64_t step = 7; step < 12; ++step) {
-        const auto g = gradient(n, step);
-        a.compress(ex, 9, g, n / 100, oa);
-        b.compress(ex, 9, g, n / 100, ob);
-        REQUIRE(std::equal(oa.indices().begin(), oa.indices().end(), ob.indices().begin(),
-                           ob.indices().end()));
-        for (std::uint64_t j = 0; j < oa.size(); ++j)
-          REQUIRE(same_bits(oa.values()[j], ob.values()[j]));
-      }
-      REQUIRE(std::equal(a.residual(9).begin(), a.residual(9).end(), b.residual(9).begin()));
-      REQUIRE(std::equal(a.momentum(9).begin(), a.momentum(9).end(), b.momentum(9).begin()));
-      if (method == selection_method::threshold) {
-        // runtime_selector's alternative 1: the threshold selector, partitioned.
-        const auto& sa = std::get<1>(a.selection_state(9)).slices;
-        const auto& sb = std::get<1>(b.selection_state(9)).slices;
-        REQUIRE(sa.size() == 2);
-        REQUIRE(sa[1].calls > 0);
-        REQUIRE(sa[1].low_key == sb[1].low_key);
-        REQUIRE(sa[1].calls == sb[1].calls);
-      }
+  auto check = [&]<feedback Feedback>(selection_method method, float momentum) {
+    using compressor_type =
+        error_feedback_compressor<runtime_selector<>, bf16, std::uint32_t, Feedback>;
+    CAPTURE(static_cast<int>(method), momentum);
+    const runtime_selector<> sel({.method = method, .part = {.rank = 1, .parts = 2}, .seed = 3});
+    const error_feedback_options options{.momentum = momentum};
+    inline_executor ex;
+    compressor_type a(sel, options);
+    a.add_tensor(ex, 9, n);
+    a.add_tensor(ex, 4, n / 3);
+    sparse_buffer<bf16> out;
+    for (std::uint64_t step = 0; step < 7; ++step) {
+      a.compress(ex, 9, gradient(n, step), n / 100, out);
+      a.compress(ex, 4, gradient(n / 3, 50 + step), n / 300, out);
     }
+    const std::vector<std::byte> saved = a.save_state();
+    compressor_type b(sel, options);
+    b.load_state(ex, saved);
+    REQUIRE(b.tensor_count() == 2);
+    REQUIRE(b.step(9) == 7);
+    sparse_buffer<bf16> oa, ob;
+    for (std::uint64_t step = 7; step < 12; ++step) {
+      const auto g = gradient(n, step);
+      a.compress(ex, 9, g, n / 100, oa);
+      b.compress(ex, 9, g, n / 100, ob);
+      REQUIRE(std::equal(oa.indices().begin(), oa.indices().end(), ob.indices().begin(),
+                         ob.indices().end()));
+      for (std::uint64_t j = 0; j < oa.size(); ++j)
+        REQUIRE(same_bits(oa.values()[j], ob.values()[j]));
+    }
+    REQUIRE(std::equal(a.residual(9).begin(), a.residual(9).end(), b.residual(9).begin()));
+    REQUIRE(std::equal(a.momentum(9).begin(), a.momentum(9).end(), b.momentum(9).begin()));
+    if (method == selection_method::threshold) {
+      // runtime_selector's alternative 1: the threshold selector, partitioned.
+      const auto& sa = std::get<1>(a.selection_state(9)).slices;
+      const auto& sb = std::get<1>(b.selection_state(9)).slices;
+      REQUIRE(sa.size() == 2);
+      REQUIRE(sa[1].calls > 0);
+      REQUIRE(sa[1].low_key == sb[1].low_key);
+      REQUIRE(sa[1].calls == sb[1].calls);
+    }
+  };
+  for (selection_method method : methods) {
+    check.operator()<feedback::plain>(method, 0.0f);
+    check.operator()<feedback::momentum>(method, 0.9f);
   }
 }
 
@@ -166,8 +170,12 @@ TEST_CASE("load_state rejects malformed or foreign state", "[compress][state]") 
       code_of(
           [] { return threshold_ef(runtime_selector<>({.method = selection_method::exact_topk})); },
           saved) == errc::invalid_argument);
-  REQUIRE(code_of([&] { return threshold_ef(threshold, {.momentum = 0.5f}); }, saved) ==
-          errc::invalid_argument);
+  REQUIRE(code_of(
+              [&] {
+                return error_feedback_compressor<runtime_selector<>, float, std::uint32_t,
+                                                 feedback::momentum>(threshold, {.momentum = 0.5f});
+              },
+              saved) == errc::invalid_argument);
   // A size that claims more than the input holds (the record's checksum made to match).
   bad = saved;
   const std::size_t tensor_record = 32 + 16 + 11 + 4;  // container header, CONF record

@@ -152,8 +152,8 @@ TEST_CASE("error feedback with DGC momentum correction", "[compress][ef][momentu
   const float mu = 0.9f;
   thread_pool pool(2);
   for (selection_method method : {selection_method::exact_topk, selection_method::threshold}) {
-    error_feedback_compressor<runtime_selector<>, float> ef(runtime_selector<>({.method = method}),
-                                                            {.momentum = mu});
+    error_feedback_compressor<runtime_selector<>, float, std::uint32_t, feedback::momentum> ef(
+        runtime_selector<>({.method = method}), {.momentum = mu});
     ef.add_tensor(pool, 2, n);
     sparse_buffer<float> out;
     std::vector<double> sent(n, 0.0);
@@ -251,7 +251,20 @@ TEST_CASE("error feedback: k = 0, k >= n, and argument errors", "[compress][ef]"
   } catch (const error& e) {
     REQUIRE(e.code() == errc::size_mismatch);
   }
-  REQUIRE_THROWS_AS(error_feedback_compressor<>({.momentum = 1.0f}), error);
+  using momentum_ef =
+      error_feedback_compressor<threshold_selector<>, float, std::uint32_t, feedback::momentum>;
+  REQUIRE_THROWS_AS(momentum_ef({.momentum = 1.0f}), error);
+  REQUIRE_THROWS_AS(momentum_ef({.momentum = -0.1f}), error);
+  // A momentum factor without the momentum feedback would be silently ignored: an error.
+  REQUIRE_THROWS_AS(error_feedback_compressor<>({.momentum = 0.5f}), error);
+  {
+    error_feedback_compressor<> plain;
+    momentum_ef with_momentum({.momentum = 0.5f});
+    plain.add_tensor(ex, 3, 100);
+    with_momentum.add_tensor(ex, 3, 100);
+    REQUIRE(plain.momentum(3).empty());
+    REQUIRE(with_momentum.momentum(3).size() == 100);
+  }
   REQUIRE_THROWS_AS(partitioned_selector<>({.rank = 2, .parts = 2}), error);
   REQUIRE_THROWS_AS(runtime_selector<>({.part = {.rank = 2, .parts = 2}}), error);
   REQUIRE_THROWS_AS(runtime_selector<>({.method = static_cast<selection_method>(9)}), error);

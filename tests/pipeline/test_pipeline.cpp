@@ -247,7 +247,9 @@ TEST_CASE("a restored checkpoint continues bit-identically", "[pipeline]") {
   const int ranks = 4;
   auto make = [](in_process_transport& t, thread_pool& pool) {
     return pipeline(
-        t, pool, error_feedback_compressor<threshold_selector<>, bf16>({.momentum = 0.5f}),
+        t, pool,
+        error_feedback_compressor<threshold_selector<>, bf16, std::uint32_t, feedback::momentum>(
+            {.momentum = 0.5f}),
         adam_optimizer({.lr = 1e-2f, .weight_decay = 0.01f}),
         {.bucket_bytes = 16000, .staleness = 0, .micro_batches = 2}, fixed_density{0.03});
   };

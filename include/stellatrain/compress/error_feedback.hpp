@@ -33,10 +33,16 @@
 
 namespace stellatrain {
 
+/// What `error_feedback_compressor` accumulates, fixed at compile time (each kind instantiates
+/// the selector over its own source, so a compressor carries only the one it uses):
+/// - `plain`: acc = g + r (reads an `error_feedback_source`);
+/// - `momentum`: DGC momentum correction, u = mu * u + g, acc = v = v + u, sent positions clear
+///   both u and v (momentum factor masking; reads a `momentum_source`).
+enum class feedback : std::uint8_t { plain, momentum };
+
 /// Options of `error_feedback_compressor`.
 struct error_feedback_options {
-  /// DGC momentum correction when > 0 (in [0, 1)): u = momentum * u + g, v = v + u, select
-  /// from v; sent positions clear both u and v (momentum factor masking).
+  /// The momentum factor mu of `feedback::momentum`, in [0, 1); must be 0 for `feedback::plain`.
   float momentum = 0.0f;
 };
 
@@ -61,10 +67,11 @@ inline constexpr state_kind ef_state_kind = state_kind::of("STELLEFC", 2);
 
 /// Error-feedback compressor (models `compressor`), for the CPU side of the data path, over
 /// any `selector` (`threshold_selector<>` unless given; `runtime_selector` chooses one at run
-/// time; `partitioned_selector` selects a rank's share).
+/// time; `partitioned_selector` selects a rank's share), with `feedback::plain` (the default)
+/// or `feedback::momentum`.
 ///
-/// Per registered tensor it keeps the residual r (n floats), the momentum u when momentum
-/// correction is on, a step counter, the selector's `tensor_state` (the bound of threshold
+/// Per registered tensor it keeps the residual r (n floats), the momentum u with
+/// `feedback::momentum`, a step counter, the selector's `tensor_state` (the bound of threshold
 /// selection, say) and its own scratch. One `compress(ex, id, g, k, out)` call:
 /// 1. acc = g + r (with momentum: u = mu u + g, acc = v = v + u), stored back into r (and u)
 ///    in the same streaming pass that selects from acc: reading g and r and writing r is the
@@ -106,22 +113,31 @@ inline constexpr state_kind ef_state_kind = state_kind::of("STELLEFC", 2);
 ///   }
 /// \endcode
 template <selector Selector = threshold_selector<>, value_type Value = float,
-          index_type Index = std::uint32_t>
+          index_type Index = std::uint32_t, feedback Feedback = feedback::plain>
 class error_feedback_compressor {
+  static constexpr bool with_momentum = Feedback == feedback::momentum;
+
  public:
   using selector_type = Selector;
   using value_type = Value;
   using index_type = Index;
   using arch_type = selector_arch_t<Selector>;
+  static constexpr feedback feedback_kind = Feedback;
 
   error_feedback_compressor() : error_feedback_compressor(Selector{}) {}
-  /// Throws `errc::invalid_argument` for a momentum outside [0, 1).
+  /// Throws `errc::invalid_argument` for a momentum outside [0, 1), or other than 0 with
+  /// `feedback::plain`.
   explicit error_feedback_compressor(Selector selector, error_feedback_options options = {})
       : selector_(std::move(selector)), options_(options) {
     if (!(options_.momentum >= 0.0f && options_.momentum < 1.0f)) {
       throw_error(errc::invalid_argument, "error_feedback_compressor: momentum " +
                                               std::to_string(options_.momentum) +
                                               " is not in [0, 1)");
+    }
+    if (!with_momentum && options_.momentum != 0.0f) {
+      throw_error(errc::invalid_argument, "error_feedback_compressor: momentum " +
+                                              std::to_string(options_.momentum) +
+                                              " needs the compressor's feedback::momentum");
     }
   }
   explicit error_feedback_compressor(error_feedback_options options)
@@ -146,7 +162,7 @@ class error_feedback_compressor {
     t->id = id;
     t->size = n;
     t->residual = aligned_buffer<float>(n, {.prefault = true}, ex);
-    if (options_.momentum > 0.0f) t->momentum = aligned_buffer<float>(n, {.prefault = true}, ex);
+    if constexpr (with_momentum) t->momentum = aligned_buffer<float>(n, {.prefault = true}, ex);
     if (max_k > 0 && max_k < n) selector_.reserve(ex, t->ws, n, max_k);
     tensors_.insert(at, std::move(t));
   }
@@ -186,11 +202,15 @@ class error_feedback_compressor {
       out_idx[pos] = static_cast<Index>(i);
       out_val[pos] = q;
       r[i] = std::isfinite(acc) ? acc - to_float(q) : 0.0f;
-      if (u != nullptr) u[i] = 0.0f;
+      if constexpr (with_momentum) {
+        u[i] = 0.0f;
+      } else {
+        (void)u;
+      }
     };
     const selection_context ctx{.tensor = id, .step = t.step};
     selection_stats stats;
-    if (options_.momentum > 0.0f) {
+    if constexpr (with_momentum) {
       const momentum_source src{g.data(), u, r, options_.momentum};
       stats = selector_.select_from(ex, t.selection, t.ws, src, n, k, ctx, emit);
     } else {
@@ -222,7 +242,7 @@ class error_feedback_compressor {
   [[nodiscard]] std::span<const float> residual(std::uint32_t id) const {
     return find(id).residual.span();
   }
-  /// The momentum of tensor `id` (empty without momentum correction).
+  /// The momentum of tensor `id` (empty with `feedback::plain`).
   [[nodiscard]] std::span<const float> momentum(std::uint32_t id) const {
     return find(id).momentum.span();
   }
@@ -237,7 +257,7 @@ class error_feedback_compressor {
       w.record("CONF", [&](state_record_writer& r) {
         r.put(dtype_of<Value>);
         r.put(static_cast<std::uint8_t>(sizeof(Index)));
-        r.put(static_cast<std::uint8_t>(options_.momentum > 0.0f ? 1 : 0));
+        r.put(static_cast<std::uint8_t>(with_momentum ? 1 : 0));
         r.put(static_cast<std::uint64_t>(tensors_.size()));
       });
       for (const auto& t : tensors_) {
@@ -249,7 +269,7 @@ class error_feedback_compressor {
             selector_.save(t->selection, r);
         });
         w.record("RESD", [&](state_record_writer& r) { r.put_array(t->residual.span()); });
-        if (options_.momentum > 0.0f) {
+        if constexpr (with_momentum) {
           w.record("MOMT", [&](state_record_writer& r) { r.put_array(t->momentum.span()); });
         }
       }
@@ -257,7 +277,7 @@ class error_feedback_compressor {
   }
 
   /// Replaces every tensor with the state in `saved` (from `save_state` of a compressor with
-  /// the same value type, index type, momentum on/off and a selector of the same kind).
+  /// the same value type, index type, feedback and a selector of the same kind).
   /// Nothing changes when it throws.
   template <executor Ex>
   void load_state(Ex& ex, std::span<const std::byte> saved) {
@@ -270,11 +290,11 @@ class error_feedback_compressor {
     const auto count = conf.get<std::uint64_t>();
     conf.finish();
     if (value != dtype_of<Value> || index_bytes != sizeof(Index) ||
-        has_momentum != (options_.momentum > 0.0f ? 1 : 0)) {
+        has_momentum != (with_momentum ? 1 : 0)) {
       throw_error(errc::invalid_argument,
                   std::string(what) +
                       ": the state was saved by a compressor with other options "
-                      "(value type, index type or momentum)");
+                      "(value type, index type or feedback)");
     }
     if (count > rd.remaining()) {
       rd.malformed("claims " + std::to_string(count) + " tensors, " +
@@ -303,7 +323,7 @@ class error_feedback_compressor {
       }
       t->residual = aligned_buffer<float>(t->size, {.prefault = true}, ex);
       residual.get_array(t->residual.span());
-      if (options_.momentum > 0.0f) {
+      if constexpr (with_momentum) {
         auto momentum = rd.next("MOMT");
         if (momentum.remaining() != t->size * sizeof(float)) {
           momentum.fail("tensor " + std::to_string(t->id) + " of " + std::to_string(t->size) +
@@ -373,5 +393,7 @@ class error_feedback_compressor {
 };
 
 static_assert(compressor<error_feedback_compressor<>>);
+static_assert(compressor<error_feedback_compressor<threshold_selector<>, float, std::uint32_t,
+                                                   feedback::momentum>>);
 
 }  // namespace stellatrain
