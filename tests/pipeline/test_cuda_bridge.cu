@@ -99,6 +99,10 @@ TEST_CASE("the bridge keeps bf16 device parameters equal to the pipeline's, scat
     std::vector<bf16*> d_param(sizes.size());
     for (std::size_t i = 0; i < sizes.size(); ++i)
       STELLATRAIN_CUDA_CHECK(cudaMalloc(&d_param[i], sizes[i] * sizeof(bf16)));
+    // A tensor index past the registered ones: stellatrain::error, not std::out_of_range.
+    REQUIRE_THROWS_AS(bridge.residual(sizes.size()), stellatrain::error);
+    REQUIRE_THROWS_AS(bridge.upload_params(sizes.size(), d_param[0], cuda_stream{s}),
+                      stellatrain::error);
     int sparse = 0, whole = 0;
     for (int step = 0; step < 6; ++step) {
       for (std::size_t b = 0; b < p.bucket_count(); ++b) p.wait_for_forward(b);

@@ -121,7 +121,7 @@ class cuda_gradient_bridge {
   /// selection to the pipeline. Ordered after prior work on `ctx.stream`; returns once the
   /// selection is on the host.
   void push_device_gradient(std::size_t t, const float* device_grad, cuda_stream ctx) {
-    tensor_buffers& b = buffers_.at(t);
+    tensor_buffers& b = buffer_of(t);
     const double density = pipeline_.next_density();
     std::uint64_t k =
         b.n <= options_.send_all_below
@@ -157,7 +157,7 @@ class cuda_gradient_bridge {
   template <class Param>
   param_changes_kind upload_params(std::size_t t, Param* device_params, cuda_stream ctx) {
     static_assert(value_type<Param>, "upload_params: parameters are float, fp16 or bf16");
-    tensor_buffers& b = buffers_.at(t);
+    tensor_buffers& b = buffer_of(t);
     if (b.uploading) {
       STELLATRAIN_CUDA_CHECK(cudaStreamSynchronize(b.upload_stream));
       b.uploading = false;
@@ -179,10 +179,10 @@ class cuda_gradient_bridge {
   }
 
   /// The device copy of tensor t was written elsewhere: its next upload copies it whole.
-  void forget_upload(std::size_t t) { buffers_.at(t).held = param_version{}; }
+  void forget_upload(std::size_t t) { buffer_of(t).held = param_version{}; }
 
   /// The device residual of tensor t (n floats).
-  [[nodiscard]] float* residual(std::size_t t) { return buffers_.at(t).residual; }
+  [[nodiscard]] float* residual(std::size_t t) { return buffer_of(t).residual; }
 
  private:
   struct tensor_buffers {
@@ -249,6 +249,15 @@ class cuda_gradient_bridge {
     } else {
       return 0;
     }
+  }
+
+  tensor_buffers& buffer_of(std::size_t t) {
+    if (t >= buffers_.size()) {
+      throw_error(errc::invalid_argument, "cuda_gradient_bridge: tensor " + std::to_string(t) +
+                                              " is not registered (" +
+                                              std::to_string(buffers_.size()) + " tensors)");
+    }
+    return buffers_[t];
   }
 
   void release() noexcept {
