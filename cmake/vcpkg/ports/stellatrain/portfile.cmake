@@ -6,12 +6,14 @@
 set(SOURCE_PATH "${CMAKE_CURRENT_LIST_DIR}/../../../..")
 
 # Each feature turns into -DSTELLATRAIN_ENABLE_<X>=ON (OFF without it): cuda, and the
-# transport components mpi and zmq.
+# transport components mpi, zmq and nccl. OFF matters: the build would otherwise pick up
+# whatever CUDA, MPI, ZeroMQ or libnccl the host happens to have.
 vcpkg_check_features(OUT_FEATURE_OPTIONS FEATURE_OPTIONS
     FEATURES
         cuda STELLATRAIN_ENABLE_CUDA
         mpi STELLATRAIN_ENABLE_MPI
         zmq STELLATRAIN_ENABLE_ZMQ
+        nccl STELLATRAIN_ENABLE_NCCL
 )
 
 set(VCPKG_BUILD_TYPE release) # header-only port
