@@ -21,5 +21,15 @@ if(NOT TARGET xtl)
   unset(_stellatrain_xsimd_links)
 endif()
 
-set(THREADS_PREFER_PTHREAD_FLAG ON)
-find_dependency(Threads)
+# -pthread rather than -lpthread; inside a function, so that the setting does not leak into
+# the scope of a project that finds the package.
+function(_stellatrain_find_threads)
+  set(THREADS_PREFER_PTHREAD_FLAG ON)
+  find_package(Threads QUIET)
+endfunction()
+if(NOT TARGET Threads::Threads)
+  _stellatrain_find_threads()
+endif()
+if(NOT TARGET Threads::Threads)
+  find_dependency(Threads)  # reports the failure the way find_package expects
+endif()
