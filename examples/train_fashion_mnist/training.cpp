@@ -38,11 +38,10 @@ class training_clock {
     return std::chrono::duration<double>(now() - start_).count() - paused_;
   }
   template <class F>
-  auto paused(F&& f) {
+  void paused(F&& f) {
     const auto t0 = now();
-    auto r = f();
+    f();
     paused_ += std::chrono::duration<double>(now() - t0).count();
-    return r;
   }
 
  private:
@@ -93,7 +92,7 @@ std::uint64_t steps_of(const settings& s, int ranks, const data& d) {
       std::ceil(s.epochs * static_cast<double>(d.train.count) / per_step));
 }
 
-// Evaluation and progress on rank 0; returns true once the target is first reached.
+// Evaluation and progress on rank 0; records when the target is first reached.
 struct progress {
   const settings& s;
   const data& d;
@@ -134,21 +133,27 @@ struct progress {
   }
 };
 
-template <st::transport Transport>
-std::uint64_t sent_bytes(Transport& t) {
-  return t.snapshot().total.bytes_sent;
+// Every mode runs over the rank's metered, type-erased link (see training.hpp).
+using metered_link = st::metered_transport<st::any_transport>;
+
+std::uint64_t sent_bytes(metered_link& t) { return t.snapshot().total.bytes_sent; }
+
+// The model, its parameters initialised from `seed`.
+fm::mlp make_model(const settings& s, std::vector<float>& params, std::uint64_t seed) {
+  fm::mlp net({static_cast<int>(fm::dataset::pixels), s.hidden, s.hidden, fm::dataset::classes},
+              std::max(s.batch, 500));
+  params.resize(net.parameter_count());
+  net.initialize(params, seed);
+  return net;
 }
 
 // ---------------------------------------------------------------------------------- dense
-template <st::transport Transport>
-void run_dense(Transport& t, const settings& s, const data& d, fm::mode_result* out) {
+void run_dense(metered_link& t, const settings& s, const data& d, fm::mode_result* out) {
   const int r = t.rank();
   const int ranks = t.size();
-  fm::mlp net({static_cast<int>(fm::dataset::pixels), s.hidden, s.hidden, fm::dataset::classes},
-              std::max(s.batch, 500));
-  std::vector<float> params(net.parameter_count());
-  net.initialize(params,
-                 s.seed);  // the same seed on every rank: identical start, as DDP broadcasts
+  std::vector<float> params;
+  // The same seed on every rank: an identical start, as DDP's broadcast gives.
+  fm::mlp net = make_model(s, params, s.seed);
   st::adam_optimizer adam({.lr = s.lr});
   adam.add_tensor(params);
   std::vector<float> grad(params.size());
@@ -156,7 +161,7 @@ void run_dense(Transport& t, const settings& s, const data& d, fm::mode_result* 
   std::vector<float> x;
   std::vector<std::uint8_t> y;
   const std::uint64_t steps = steps_of(s, ranks, d);
-  st::collective_workspace<Transport> ws;
+  st::collective_workspace<metered_link> ws;
   std::optional<progress> prog;
   if (r == 0) prog.emplace(progress{s, d, *out, steps, ranks});
   st::barrier(t);
@@ -176,7 +181,6 @@ void run_dense(Transport& t, const settings& s, const data& d, fm::mode_result* 
         const double now = clock.seconds();
         clock.paused([&] {
           prog->record(net, adam.params(0), step + 1, now, sent_bytes(t) - bytes0, 1.0, false);
-          return 0;
         });
       }
     }
@@ -191,14 +195,12 @@ void run_dense(Transport& t, const settings& s, const data& d, fm::mode_result* 
 }
 
 // ---------------------------------------------------------------------------------- stellatrain
-template <st::transport Transport>
-void run_stellatrain(Transport& t, const settings& s, const data& d, fm::mode_result* out) {
+void run_stellatrain(metered_link& t, const settings& s, const data& d, fm::mode_result* out) {
   const int r = t.rank();
   const int ranks = t.size();
-  fm::mlp net({static_cast<int>(fm::dataset::pixels), s.hidden, s.hidden, fm::dataset::classes},
-              std::max(s.batch, 500));
-  std::vector<float> params(net.parameter_count());
-  net.initialize(params, s.seed + static_cast<std::uint64_t>(r));  // rank 0's values are broadcast
+  std::vector<float> params;
+  // Another start on every rank: the pipeline broadcasts rank 0's values.
+  fm::mlp net = make_model(s, params, s.seed + static_cast<std::uint64_t>(r));
   st::thread_pool pool{1};
   const double latency_s = s.rtt_ms / 2000.0;
   st::pipeline p(t, pool, st::error_feedback_compressor<st::threshold_selector<>, st::bf16>(),
@@ -231,14 +233,21 @@ void run_stellatrain(Transport& t, const settings& s, const data& d, fm::mode_re
   std::optional<progress> prog;
   if (r == 0) prog.emplace(progress{s, d, *out, steps, ranks});
   const auto& tensors = net.tensors();
-  auto fetch = [&] {
+  auto copy_params = [&](std::size_t i) {
+    p.copy_params(i, std::span<float>(params).subspan(tensors[i].offset, tensors[i].size));
+  };
+  auto fetch = [&] {  // before the forward pass: each bucket once its gate opens
     for (std::size_t b = 0; b < p.bucket_count(); ++b) {
       p.wait_for_forward(b);
       const auto range = p.bucket(b);
       for (std::size_t i = range.first_tensor; i < range.first_tensor + range.tensor_count; ++i) {
-        p.copy_params(i, std::span<float>(params).subspan(tensors[i].offset, tensors[i].size));
+        copy_params(i);
       }
     }
+  };
+  auto fetch_all = [&] {  // every update handed over so far applied
+    p.flush();
+    for (std::size_t i = 0; i < tensors.size(); ++i) copy_params(i);
   };
   st::barrier(t);
   const std::uint64_t bytes0 = sent_bytes(t);
@@ -263,32 +272,23 @@ void run_stellatrain(Transport& t, const settings& s, const data& d, fm::mode_re
         const double now = clock.seconds();
         const double density = p.stats().last_density;
         clock.paused([&] {
-          // Evaluate the parameters with every update through this step applied.
-          p.flush();
-          for (std::size_t i = 0; i < tensors.size(); ++i) {
-            p.copy_params(i, std::span<float>(params).subspan(tensors[i].offset, tensors[i].size));
-          }
+          fetch_all();  // evaluate with every update through this step
           prog->record(net, params, step + 1, now, sent_bytes(t) - bytes0, density, false);
-          return 0;
         });
       }
     }
   }
-  p.flush();
+  fetch_all();
   if (prog) {
     out->seconds = clock.seconds();
     out->steps = steps;
     out->bytes = sent_bytes(t) - bytes0;
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      p.copy_params(i, std::span<float>(params).subspan(tensors[i].offset, tensors[i].size));
-    }
     prog->record(net, params, steps, out->seconds, out->bytes, p.stats().last_density, true);
   }
   st::barrier(t);
 }
 
-template <st::transport Transport>
-void run_modes(Transport& t, const settings& s, const data& d,
+void run_modes(metered_link& t, const settings& s, const data& d,
                std::vector<fm::mode_result>* results) {
   if (s.mode == "both" || s.mode == "dense") {
     if (t.rank() == 0)
@@ -313,9 +313,9 @@ void run_modes(Transport& t, const settings& s, const data& d,
 
 }  // namespace
 
-void train(st::any_transport link, const settings& s, const data& d,
+void train(st::any_transport rank_link, const settings& s, const data& d,
            std::vector<mode_result>* results) {
-  st::metered_transport<st::any_transport> t(std::move(link));
+  metered_link t(std::move(rank_link));
   run_modes(t, s, d, results);
 }
 
