@@ -127,6 +127,30 @@ std::vector<V> allreduce_case(T& t, std::size_t n, const allreduce_options& opt,
   return v;
 }
 
+/// Reduce-scatter of `n` elements: this rank's segment checked like `allreduce_case`.
+template <class V, transport T>
+void reduce_scatter_case(T& t, std::size_t n, const allreduce_options& opt, std::uint64_t seed) {
+  const int p = t.size();
+  std::vector<V> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = input_value<V>(t.rank(), i, seed);
+  dense_reduce_scatter(t, std::span<V>(v), opt);
+  const auto mine = segment_of(n, p, t.rank());
+  for (std::uint64_t i = mine.begin; i < mine.end; ++i) {
+    long long sum = 0;
+    for (int r = 0; r < p; ++r) sum += static_cast<long long>(input_value<V>(r, i, seed));
+    V want = static_cast<V>(sum);
+    if constexpr (std::is_floating_point_v<V>) {
+      if (opt.average && p > 1)
+        want = static_cast<V>(want * (static_cast<V>(1) / static_cast<V>(p)));
+    }
+    if (!(v[i] == want)) {
+      fail("dense_reduce_scatter on rank " + std::to_string(t.rank()) + " of " + std::to_string(p) +
+           ": element " + std::to_string(i) + " of " + std::to_string(n) + " is " +
+           std::to_string(v[i]) + ", expected " + std::to_string(want));
+    }
+  }
+}
+
 /// Broadcast of `n` bytes from `root`, into a message_buffer and into a span.
 template <transport T>
 void broadcast_case(T& t, int root, std::size_t n, const broadcast_options& opt,
@@ -232,6 +256,7 @@ void run_all_scenarios(T& t, std::size_t big, std::uint64_t seed) {
           seed + n);
     }
     allreduce_case<float>(t, n, {.tag = 14, .average = true}, seed + n + 1);
+    reduce_scatter_case<float>(t, n, {.tag = 17, .chunk_bytes = 4096}, seed + n + 3);
     allreduce_case<std::int64_t>(t, n, {.tag = 14}, seed + n + 2);
   }
   for (int root = 0; root < p; ++root) {

@@ -194,6 +194,70 @@ TEST_CASE("dense_allreduce: float, double, integers, average, P = 1..8", "[trans
   }
 }
 
+TEST_CASE("dense_reduce_scatter: each rank owns the sum of its segment, P = 1..8",
+          "[transport][allreduce]") {
+  for (int p = 1; p <= 8; ++p) {
+    CAPTURE(p);
+    run_in_process(p, [&](in_process_transport& t) {
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{9},
+                            std::size_t{1000}, std::size_t{65537}}) {
+        for (std::size_t chunk : {std::size_t{0}, std::size_t{12}, std::size_t{4096}}) {
+          test::reduce_scatter_case<float>(t, n, {.chunk_bytes = chunk}, n + chunk);
+          test::reduce_scatter_case<double>(t, n, {.chunk_bytes = chunk, .average = true},
+                                            n + chunk + 1);
+        }
+        test::reduce_scatter_case<std::int32_t>(t, n, {}, n + 2);
+      }
+      // The segments tile the data in rank order.
+      std::uint64_t next = 0;
+      for (int r = 0; r < p; ++r) {
+        const auto s = segment_of(1003, p, r);
+        CHECK(s.begin == next);
+        next = s.end;
+      }
+      CHECK(next == 1003);
+      std::vector<float> v(10);
+      CHECK_THROWS_AS(
+          dense_reduce_scatter(t, std::span<float>(v), {.algorithm = allreduce_algorithm::native}),
+          error);
+    });
+  }
+  // A rank that reduces another size fails on every rank.
+  CHECK_THROWS_AS(run_in_process(3,
+                                 [](in_process_transport& t) {
+                                   std::vector<float> v(t.rank() == 1 ? 11 : 10);
+                                   dense_reduce_scatter(t, std::span<float>(v), {.timeout = 20s});
+                                 }),
+                  error);
+}
+
+TEST_CASE("group_transport: collectives inside subsets of the ranks", "[transport][group]") {
+  run_in_process(6, [](in_process_transport& t) {
+    // Two interleaved groups, members listed out of order: {4, 0, 2} and {1, 3, 5}.
+    const bool even = t.rank() % 2 == 0;
+    group_transport<in_process_transport> g(
+        t, even ? std::vector<int>{4, 0, 2} : std::vector<int>{1, 3, 5});
+    REQUIRE(g.size() == 3);
+    CHECK(g.parent_rank(g.rank()) == t.rank());
+    test::allreduce_case<float>(g, 1001, {.tag = 21, .chunk_bytes = 512}, even ? 5 : 6);
+    test::reduce_scatter_case<double>(g, 333, {.tag = 22}, even ? 7 : 8);
+    std::vector<message_buffer> got(3);
+    const std::vector<std::byte> mine(static_cast<std::size_t>(10 + t.rank()),
+                                      static_cast<std::byte>(t.rank()));
+    sparse_allgather(g, std::span<const std::byte>(mine), std::span<message_buffer>(got),
+                     {.tag = 23});
+    for (int r = 0; r < 3; ++r) {
+      const int parent = g.parent_rank(r);
+      REQUIRE(got[static_cast<std::size_t>(r)].size() == static_cast<std::size_t>(10 + parent));
+      CHECK(got[static_cast<std::size_t>(r)].data()[0] == static_cast<std::byte>(parent));
+    }
+    CHECK_THROWS_AS(group_transport<in_process_transport>(t, {even ? 1 : 0}), error);
+    CHECK_THROWS_AS(group_transport<in_process_transport>(t, {t.rank(), t.rank()}), error);
+    CHECK_THROWS_AS(group_transport<in_process_transport>(t, {t.rank(), 6}), error);
+    barrier(t, {.tag = 24});
+  });
+}
+
 TEST_CASE("dense_allreduce: a large gradient (4M floats) across 4 ranks",
           "[transport][allreduce]") {
   run_in_process(4, [](in_process_transport& t) {

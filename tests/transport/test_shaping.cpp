@@ -204,3 +204,49 @@ TEST_CASE("shaping: collectives are correct through the decorator", "[transport]
     barrier(t);
   });
 }
+
+TEST_CASE("shaping: the ranks of a cluster share its uplink; inside a cluster nothing waits",
+          "[transport][shaping]") {
+  // 2 clusters of 2 behind 40 Mbit/s uplinks with 10 ms one-way delay: both ranks of cluster 0
+  // send 1 MB to cluster 1 at once, so 2 MB cross one uplink (>= 0.4 s), and each also sends
+  // 1 MB to its cluster neighbour, which the uplink does not delay.
+  const auto topo = cluster_topology::parse("2,2");
+  auto links = std::make_shared<cluster_links>(topo, 40e6, 10ms);
+  const std::size_t total = 1 << 20;
+  std::vector<double> lan_seconds(4, 0), wan_seconds(4, 0);
+  std::atomic<transport_clock::rep> start{0};
+  run_in_process(4, [&](in_process_transport& raw) {
+    shaped_transport t(std::move(raw), {.bits_per_second = 0, .clusters = links});
+    const int r = t.rank();
+    const auto data = test::message_of(r, total, 5);
+    std::vector<std::byte> from_lan(total), from_wan(total);
+    barrier(t, {.tag = 1});
+    if (r == 0) start = transport_clock::now().time_since_epoch().count();
+    barrier(t, {.tag = 3});
+    const transport_clock::time_point t0{transport_clock::duration{start.load()}};
+    const int neighbour = r ^ 1;
+    std::vector<shaped_request<in_process_transport>> ops;
+    ops.push_back(t.irecv(neighbour, 2, std::span<std::byte>(from_lan)));
+    if (r >= 2) ops.push_back(t.irecv(r - 2, 4, std::span<std::byte>(from_wan)));
+    ops.push_back(t.isend(neighbour, 2, std::span<const std::byte>(data)));
+    if (r < 2) ops.push_back(t.isend(r + 2, 4, std::span<const std::byte>(data)));
+    wait_or_throw(ops[0], 60s, "LAN receive");
+    lan_seconds[static_cast<std::size_t>(r)] =
+        std::chrono::duration<double>(transport_clock::now() - t0).count();
+    for (auto& op : ops) wait_or_throw(op, 60s, "shaped operation");
+    wan_seconds[static_cast<std::size_t>(r)] =
+        std::chrono::duration<double>(transport_clock::now() - t0).count();
+    test::expect_message(from_lan, neighbour, total, 5, "LAN message");
+    if (r >= 2) test::expect_message(from_wan, r - 2, total, 5, "WAN message");
+  });
+  for (int r = 0; r < 4; ++r) CHECK(lan_seconds[static_cast<std::size_t>(r)] < 0.2);
+  // The later of the two WAN messages waits for both on the shared uplink.
+  const double last = std::max(wan_seconds[2], wan_seconds[3]);
+  CHECK(last >= 2.0 * total * 8 / 40e6 + 0.010 - 0.01);
+  CHECK(links->bytes_out(0) == 2 * total);
+  CHECK(links->bytes_out(1) == 0);
+  // A topology of another world size is refused.
+  run_in_process(2, [&](in_process_transport& raw) {
+    CHECK_THROWS_AS(shaped_transport(std::move(raw), {.clusters = links}), error);
+  });
+}

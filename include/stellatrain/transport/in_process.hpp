@@ -5,6 +5,7 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
+#include <stellatrain/transport/cluster_topology.hpp>
 #include <stellatrain/transport/concept.hpp>
 #include <stellatrain/transport/detail/request_base.hpp>
 #include <stellatrain/transport/message_buffer.hpp>
@@ -588,6 +589,72 @@ void run_in_process(int ranks, Fn&& fn) {
   // The cause is the exception of the rank that aborted the world first (collectives abort
   // before their exception reaches here); failing that, the first one thrown.
   const int cause = world.abort_rank();
+  if (cause >= 0 && errors[static_cast<std::size_t>(cause)])
+    std::rethrow_exception(errors[static_cast<std::size_t>(cause)]);
+  if (first) std::rethrow_exception(first);
+}
+
+/// Runs `fn(lan, wan)` on one thread per rank of `topology`, and joins them: `wan` is the rank's
+/// transport in a world of all ranks (its global rank), `lan` its transport in a world of its
+/// cluster's ranks (its local rank) — the two links of a hierarchical pipeline
+/// (`hierarchical_links`). Failures behave as in `run_in_process`: a rank that throws aborts
+/// both of its worlds, and the cause is rethrown after every thread has ended.
+///
+/// \code
+///   stellatrain::run_in_process_clusters(stellatrain::cluster_topology::parse("2,2"),
+///       [](stellatrain::in_process_transport& lan, stellatrain::in_process_transport& wan) {
+///         /* lan.size() == 2, wan.size() == 4 */
+///       });
+/// \endcode
+template <class Fn>
+void run_in_process_clusters(const cluster_topology& topology, Fn&& fn) {
+  const int ranks = topology.ranks();
+  in_process_world wan_world(ranks);
+  std::vector<std::unique_ptr<in_process_world>> lan_worlds;
+  for (int c = 0; c < topology.clusters(); ++c)
+    lan_worlds.push_back(std::make_unique<in_process_world>(topology.size_of(c)));
+  std::mutex error_mutex;
+  std::exception_ptr first;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(ranks));
+  auto body = [&](int r) {
+    const int c = topology.cluster_of(r);
+    in_process_world& lan_world = *lan_worlds[static_cast<std::size_t>(c)];
+    const int local = topology.local_rank(r);
+    try {
+      in_process_transport wan = wan_world.transport(r);
+      in_process_transport lan = lan_world.transport(local);
+      fn(lan, wan);
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard lock(error_mutex);
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        if (!first) first = errors[static_cast<std::size_t>(r)];
+      }
+      wan_world.abort(r, e.what());
+      lan_world.abort(local, e.what());
+    } catch (...) {
+      {
+        std::lock_guard lock(error_mutex);
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        if (!first) first = errors[static_cast<std::size_t>(r)];
+      }
+      wan_world.abort(r, "unknown exception");
+      lan_world.abort(local, "unknown exception");
+    }
+  };
+  try {
+    for (int r = 1; r < ranks; ++r) threads.emplace_back(body, r);
+  } catch (...) {
+    wan_world.abort(0, "could not start a thread");
+    for (auto& w : lan_worlds) w->abort(0, "could not start a thread");
+    for (auto& th : threads) th.join();
+    throw;
+  }
+  body(0);
+  for (auto& th : threads) th.join();
+  const int cause = wan_world.abort_rank();
   if (cause >= 0 && errors[static_cast<std::size_t>(cause)])
     std::rethrow_exception(errors[static_cast<std::size_t>(cause)]);
   if (first) std::rethrow_exception(first);

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // A decorator that makes any transport behave like a slow link: every send waits for a
 // token bucket (bandwidth) and then a fixed delay (latency) before it reaches the inner
-// transport. Lets the in-process backend emulate a 100 Mbit/s WAN inside one process.
+// transport. Lets the in-process backend emulate a 100 Mbit/s WAN inside one process, and,
+// with `cluster_links`, clusters whose ranks share one uplink each.
 #pragma once
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
+#include <stellatrain/transport/cluster_topology.hpp>
 #include <stellatrain/transport/concept.hpp>
 #include <stellatrain/transport/detail/request_base.hpp>
 #include <stellatrain/transport/message_buffer.hpp>
@@ -35,12 +37,18 @@ enum class shaping_scope {
   per_peer,  ///< one bucket per destination: a full mesh of independent links
 };
 
+class cluster_links;
+
 /// Options of `shaped_transport`.
 struct shaping_options {
   double bits_per_second = 100e6;        ///< link rate in payload bits/s; 0 = unlimited
   std::chrono::microseconds latency{0};  ///< one-way delay added to every message
   std::size_t burst_bytes = 16 * 1024;   ///< token bucket depth (bytes sent at once from idle)
   shaping_scope scope = shaping_scope::per_rank;
+  /// The clusters' shared uplinks (see `cluster_links`), or none. With them, a message to
+  /// another cluster is shaped by this rank's own rate first (its access link, 0: none) and
+  /// then by the uplinks; `latency` then applies inside the cluster only.
+  std::shared_ptr<cluster_links> clusters = nullptr;
 };
 
 namespace detail {
@@ -73,6 +81,105 @@ struct token_bucket {
                      std::chrono::duration<double>(-level / bytes_per_s));
   }
 };
+
+}  // namespace detail
+
+/// The WAN of several clusters, shared by the shaped transports of all their ranks: every
+/// cluster has one uplink (a rate, each direction, and a one-way delay to the WAN router),
+/// and a message from a rank of cluster a to one of cluster b leaves through a's uplink and
+/// enters through b's downlink (each a token bucket shared by all ranks of the cluster), then
+/// waits (delay_a + delay_b) / 2, as `wan-emu -c` builds it. Messages inside a cluster are
+/// not shaped by it (shape the LAN with the transport's own rate). Thread-safe; rates can
+/// change while it runs. Pass it to every rank's `shaped_transport` (`shaping_options::
+/// clusters`), whose ranks must be the topology's global ranks.
+class cluster_links {
+ public:
+  /// Every uplink at `bits_per_second` (0 = unlimited) and `one_way_delay`.
+  cluster_links(cluster_topology topology, double bits_per_second,
+                std::chrono::microseconds one_way_delay, std::size_t burst_bytes = 16 * 1024)
+      : topology_(std::move(topology)), burst_(static_cast<double>(burst_bytes)) {
+    check(bits_per_second);
+    links_.resize(static_cast<std::size_t>(topology_.clusters()));
+    for (auto& l : links_) {
+      l.bits_per_second = bits_per_second;
+      l.delay = one_way_delay;
+    }
+  }
+
+  [[nodiscard]] const cluster_topology& topology() const noexcept { return topology_; }
+
+  /// Changes every uplink's rate (bits/s, 0 = unlimited) for sends from now on.
+  void set_rate(double bits_per_second) {
+    check(bits_per_second);
+    std::lock_guard lock(mutex_);
+    for (auto& l : links_) l.bits_per_second = bits_per_second;
+  }
+  /// Changes cluster `c`'s uplink rate.
+  void set_rate(int c, double bits_per_second) {
+    check(bits_per_second);
+    std::lock_guard lock(mutex_);
+    links_[static_cast<std::size_t>(cluster_index(c))].bits_per_second = bits_per_second;
+  }
+  /// Changes cluster `c`'s one-way delay to the WAN router.
+  void set_delay(int c, std::chrono::microseconds one_way_delay) {
+    std::lock_guard lock(mutex_);
+    links_[static_cast<std::size_t>(cluster_index(c))].delay = one_way_delay;
+  }
+  [[nodiscard]] double rate(int c) const {
+    std::lock_guard lock(mutex_);
+    return links_[static_cast<std::size_t>(cluster_index(c))].bits_per_second;
+  }
+
+  /// Bytes that crossed cluster `c`'s uplink out of the cluster so far.
+  [[nodiscard]] std::uint64_t bytes_out(int c) const {
+    std::lock_guard lock(mutex_);
+    return links_[static_cast<std::size_t>(cluster_index(c))].bytes_out;
+  }
+
+  /// When a message of `bytes` sent now from global rank `from` to `to` arrives at `to`'s
+  /// cluster (nullopt: the two share a cluster).
+  [[nodiscard]] std::optional<transport_clock::time_point> arrival(
+      int from, int to, std::size_t bytes, transport_clock::time_point now) {
+    const int a = topology_.cluster_of(from);
+    const int b = topology_.cluster_of(to);
+    if (a == b) return std::nullopt;
+    std::lock_guard lock(mutex_);
+    link& up = links_[static_cast<std::size_t>(a)];
+    link& down = links_[static_cast<std::size_t>(b)];
+    up.bytes_out += bytes;
+    auto t = now;
+    if (up.bits_per_second > 0) t = up.out.take(bytes, up.bits_per_second / 8.0, burst_, t);
+    if (down.bits_per_second > 0)
+      t = std::max(t, down.in.take(bytes, down.bits_per_second / 8.0, burst_, t));
+    return t + std::chrono::duration_cast<transport_clock::duration>((up.delay + down.delay) / 2);
+  }
+
+ private:
+  struct link {
+    double bits_per_second = 0;
+    std::chrono::microseconds delay{0};
+    detail::token_bucket out;  // leaving the cluster
+    detail::token_bucket in;   // entering it
+    std::uint64_t bytes_out = 0;
+  };
+  static void check(double bits_per_second) {
+    if (!(bits_per_second >= 0)) {
+      throw_error(errc::invalid_argument,
+                  "cluster_links: rate " + std::to_string(bits_per_second) + " bits/s");
+    }
+  }
+  int cluster_index(int c) const {
+    (void)topology_.size_of(c);  // throws errc::out_of_range for no such cluster
+    return c;
+  }
+
+  cluster_topology topology_;
+  double burst_;
+  mutable std::mutex mutex_;
+  std::vector<link> links_;
+};
+
+namespace detail {
 
 template <class Request>
 struct shaped_send {
@@ -268,6 +375,7 @@ class shaped_transport {
   shaped_transport(Inner inner, shaping_options options)
       : state_(std::make_unique<detail::shaping_state<Inner>>(std::move(inner), options)) {
     check(options.bits_per_second);
+    if (options.clusters) options.clusters->topology().check_world(size(), "shaped_transport");
   }
 
   [[nodiscard]] int rank() const noexcept { return state_->inner.rank(); }
@@ -295,6 +403,9 @@ class shaped_transport {
                                 static_cast<double>(o.burst_bytes), now);
       }
       auto due = departure + std::chrono::duration_cast<transport_clock::duration>(o.latency);
+      if (o.clusters) {
+        if (auto wan = o.clusters->arrival(rank(), dest, bytes.size(), departure)) due = *wan;
+      }
       due = std::max(due, bucket.last_delivery);  // a shorter latency never reorders a link
       bucket.last_delivery = due;
       state_->queue.push({due, state_->seq++, op});
