@@ -51,9 +51,11 @@
 #include <stellatrain/transport/any_transport.hpp>
 #include <stellatrain/transport/barrier.hpp>
 #include <stellatrain/transport/broadcast.hpp>
+#include <stellatrain/transport/cluster_topology.hpp>
 #include <stellatrain/transport/collective_options.hpp>
 #include <stellatrain/transport/collective_workspace.hpp>
 #include <stellatrain/transport/concept.hpp>
+#include <stellatrain/transport/group.hpp>
 #include <stellatrain/transport/in_process.hpp>
 #include <stellatrain/transport/message_buffer.hpp>
 #include <stellatrain/transport/metering.hpp>
@@ -62,6 +64,7 @@
 #include <stellatrain/pipeline/bucket_plan.hpp>
 #include <stellatrain/pipeline/checkpoint.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
+#include <stellatrain/pipeline/hierarchical_exchange.hpp>
 #include <stellatrain/pipeline/param_changes.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
 #include <stellatrain/pipeline/step_reports.hpp>

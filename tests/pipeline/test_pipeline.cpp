@@ -10,6 +10,7 @@
 #include <stellatrain/transport/in_process.hpp>
 
 #include "catch.hpp"
+#include "pipeline_support.hpp"
 #include "shuffling_transport.hpp"
 
 #include <atomic>
@@ -22,78 +23,7 @@
 
 using namespace stellatrain;
 
-namespace {
-
-// A toy model: tensors of these sizes, initial values from the rank's own seed (the pipeline
-// must replace them by rank 0's).
-const std::vector<std::uint64_t> sizes{3000, 17, 5000, 1, 12000, 64};
-
-std::vector<float> initial_values(std::uint64_t n, int rank, std::size_t t) {
-  std::mt19937 rng(static_cast<std::uint32_t>(1000 * rank + t));
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// The gradient of rank r at step s for tensor t: depends on the parameters (so that gates
-// matter) and on the rank's own data.
-void gradient(std::span<const float> params, int rank, std::int64_t step, std::size_t t,
-              std::span<float> g) {
-  std::mt19937 rng(static_cast<std::uint32_t>(7919 * rank + 104729 * step + 31 * t));
-  std::normal_distribution<float> d(0.0f, 0.1f);
-  for (std::size_t i = 0; i < g.size(); ++i)
-    g[i] = 0.5f * params[i] + d(rng) + 0.01f * static_cast<float>(rank);
-}
-
-// A fixed density that keeps what the pipeline observed.
-struct observing_density {
-  double d = 0.05;
-  std::vector<step_measurement>* seen = nullptr;
-  [[nodiscard]] double density() const noexcept { return d; }
-  void observe(const step_measurement& m) { seen->push_back(m); }
-};
-
-// How the gradients are handed over: copied from the application's buffer, or written into
-// the pipeline's own (zero-copy).
-enum class handover { copy, zero_copy };
-
-template <class Pipeline>
-void train(Pipeline& p, int rank, std::int64_t steps, std::vector<std::vector<float>>& params,
-           handover mode = handover::copy) {
-  std::vector<float> g;
-  for (std::int64_t s = 0; s < steps; ++s) {
-    const std::int64_t step = p.steps_pushed();
-    for (std::size_t b = 0; b < p.bucket_count(); ++b) {
-      p.wait_for_forward(b);
-      const auto range = p.bucket(b);
-      for (std::size_t t = range.first_tensor; t < range.first_tensor + range.tensor_count; ++t)
-        p.copy_params(t, params[t]);
-    }
-    for (std::size_t t = p.tensor_count(); t-- > 0;) {  // backward: last tensor first
-      if (mode == handover::zero_copy) {
-        const std::span<float> buffer = p.gradient_buffer(t);
-        REQUIRE(buffer.size() == params[t].size());
-        gradient(params[t], rank, step, t, buffer);
-        p.push_gradient(t);
-      } else {
-        g.resize(params[t].size());
-        gradient(params[t], rank, step, t, g);
-        p.push_gradient(t, g);
-      }
-    }
-  }
-  p.flush();
-  for (std::size_t t = 0; t < p.tensor_count(); ++t) p.copy_params(t, params[t]);
-}
-
-std::vector<std::vector<float>> shaped_like_sizes() {
-  std::vector<std::vector<float>> v;
-  for (auto n : sizes) v.emplace_back(n);
-  return v;
-}
-
-}  // namespace
+using namespace stellatrain::pipeline_test;
 
 TEST_CASE("4 ranks hold bit-identical parameters after 50 steps with shuffled delivery",
           "[pipeline]") {

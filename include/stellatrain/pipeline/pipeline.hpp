@@ -19,6 +19,7 @@
 #include <stellatrain/pipeline/bucket_plan.hpp>
 #include <stellatrain/pipeline/checkpoint.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
+#include <stellatrain/pipeline/hierarchical_exchange.hpp>
 #include <stellatrain/pipeline/param_changes.hpp>
 #include <stellatrain/pipeline/step_reports.hpp>
 #include <stellatrain/pipeline/update_log.hpp>
@@ -76,7 +77,8 @@ struct pipeline_options {
   allgather_algorithm algorithm = allgather_algorithm::automatic;
   /// Bound on every wait: a collective, a gate, a hand-over waiting for a free slot.
   std::chrono::milliseconds timeout{120'000};
-  /// Tags [tag_base, tag_base + 16384) are the pipeline's; tag_base + 16384 is its broadcast.
+  /// Tags [tag_base, tag_base + 16384) are the pipeline's; tag_base + 16384 is its broadcast
+  /// and tag_base + 16385 the topology check of a hierarchical pipeline.
   tag_type tag_base = 4096;
   /// Aggregation scatters into a dense gradient from this many received pairs per element.
   double dense_threshold = 0.25;
@@ -165,6 +167,7 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   using index_t = typename Compressor::index_type;
   // The value type of the update record (unused without one).
   using log_value_t = std::conditional_t<std::is_void_v<Record>, float, Record>;
+  using hier_bucket = detail::hierarchical_bucket<Transport, value_t, index_t>;
 
  public:
   using compressor_type = Compressor;
@@ -193,6 +196,21 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     }
   }
 
+  /// A hierarchical pipeline (the multi-cluster setting): each bucket is reduced inside the
+  /// cluster over `links.lan`, each rank selects its shard of the cluster's sum and exchanges
+  /// it over `links.wan` with the ranks of the other clusters that own the same elements, and
+  /// the merged shards are gathered inside the cluster (pipeline/hierarchical_exchange.hpp,
+  /// docs/design.md). `rank()` and `ranks()` are then the WAN's (global) ones. The
+  /// optimizer is replicated: every rank steps every tensor with the same merged update.
+  pipeline(hierarchical_links<Transport> links, Executor& executor, Compressor compressor,
+           Optimizer optimizer, pipeline_options options = {}, Policy policy = Policy{},
+           record_updates_t<Record> record = {})
+      : pipeline(links.wan, executor, std::move(compressor), std::move(optimizer), options,
+                 std::move(policy), record) {
+    lan_ = &links.lan;
+    topology_.emplace(std::move(links.topology));
+  }
+
   pipeline(const pipeline&) = delete;
   pipeline& operator=(const pipeline&) = delete;
 
@@ -208,7 +226,7 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
         failed_ = true;
         failure_ = std::make_exception_ptr(
             error(errc::peer_failure, "pipeline destroyed with steps in flight"));
-        detail::abort_transport(transport_, "stellatrain pipeline destroyed with steps in flight");
+        abort_links("stellatrain pipeline destroyed with steps in flight");
       }
     }
     changed_.notify_all();
@@ -245,12 +263,14 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     if (tensors_.empty())
       throw_error(errc::invalid_argument, "pipeline::start: no tensors registered");
     ranks_ = transport_.size();
+    if (hierarchical()) check_topology();
     broadcast_initial();
     std::vector<std::uint64_t> sizes;
     for (const auto& t : tensors_) sizes.push_back(t.size);
     const auto plan = plan_buckets(sizes, options_.bucket_bytes);
     buckets_.reserve(plan.size());
     std::uint64_t offset = 0;
+    std::uint32_t pieces = 0;  // the compressor's ids of the shards' pieces
     for (std::size_t b = 0; b < plan.size(); ++b) {
       auto bucket = std::make_unique<bucket_state>();
       bucket->range = plan[b];
@@ -265,8 +285,17 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
         const std::span<const float> init(initial_.data() + offset, t.size);
         offset += t.size;
         t.optimizer_index = optimizer_.add_tensor(init, ex_);
-        compressor_.add_tensor(ex_, t.id, t.size);
+        if (!hierarchical()) compressor_.add_tensor(ex_, t.id, t.size);
         bucket->unpacker.register_tensor(t.id, t.size);
+      }
+      if (hierarchical()) {
+        std::vector<detail::bucket_tensor> in;
+        for (std::size_t i = 0; i < plan[b].tensor_count; ++i) {
+          const tensor_state& t = tensors_[plan[b].first_tensor + i];
+          in.push_back({t.id, t.size, t.offset_in_bucket});
+        }
+        bucket->hier = std::make_unique<hier_bucket>(*topology_, transport_.rank(), in, pieces);
+        bucket->hier->add_to(compressor_, ex_);
       }
       for (auto& slot : bucket->slots) {
         slot.grad = aligned_buffer<float>(in_bucket, {.prefault = true}, ex_);
@@ -282,7 +311,7 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
       buckets_.push_back(std::move(bucket));
     }
     input_views_.resize(buckets_.size());
-    reports_.start(ranks_, 0);
+    start_reports(0);
     initial_.clear();
     initial_.shrink_to_fit();
     for (auto& t : tensors_) total_elements_ += t.size;
@@ -554,7 +583,7 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
       }
     }
     first_unexchanged_step_ = s;
-    reports_.start(ranks_, s);
+    start_reports(s);
   }
 
  private:
@@ -597,7 +626,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     sparse_merger merger;
     sparse_buffer<float, index_t> merged;
     aligned_buffer<float> dense_grad;
-    std::mutex params_mutex;  // optimizer step vs copy_params
+    std::mutex params_mutex;            // optimizer step vs copy_params
+    std::unique_ptr<hier_bucket> hier;  // a hierarchical pipeline's exchange of the bucket
   };
 
   struct step_record {
@@ -652,6 +682,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     if (slot.pushes == bs.range.tensor_count) {
       if (++step_pushed_buckets(step) == buckets_.size()) step_completed(step);
       launch_ready(b);
+      // A hierarchical bucket goes to its exchange thread directly.
+      if (hierarchical()) changed_.notify_all();
     }
   }
 
@@ -678,8 +710,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     bucket_state& bs = *buckets_[b];
     const std::int64_t next = bs.compressed + 1;
     const slot_state& slot = bs.slots[static_cast<std::size_t>(next % 2)];
-    if (!bs.compress_busy && slot.pushes_step == next && slot.pushes == bs.range.tensor_count &&
-        bs.exchanged >= next - 2) {
+    if (!hierarchical() && !bs.compress_busy && slot.pushes_step == next &&
+        slot.pushes == bs.range.tensor_count && bs.exchanged >= next - 2) {
       bs.compress_busy = true;
       schedule({next, b, false});
     }
@@ -752,8 +784,15 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
       reason += x.what();
     } catch (...) {
     }
-    detail::abort_transport(transport_, reason);
+    abort_links(reason);
     changed_.notify_all();
+  }
+
+  [[nodiscard]] bool hierarchical() const noexcept { return lan_ != nullptr; }
+
+  void abort_links(std::string_view reason) noexcept {
+    detail::abort_transport(transport_, reason);
+    if (lan_ != nullptr) detail::abort_transport(*lan_, reason);
   }
 
   void require_started(const char* what) const {
@@ -798,6 +837,23 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   }
 
   exchange_cost_model cost_model(double bytes_per_element) const {
+    if (hierarchical()) {
+      // A cluster's uplink carries each of its G owners' selections (1/G of the elements each)
+      // to each other cluster: per owner, the flat model over C ranks with 1/G of the
+      // elements, at the owner's share of the uplink (what it measures, as all G send at once).
+      const int c = topology_->cluster_of(transport_.rank());
+      const double g = static_cast<double>(topology_->size_of(c));
+      const double threads = static_cast<double>(std::min<std::size_t>(
+          static_cast<std::size_t>(options_.exchange_threads), buckets_.size()));
+      return {.elements =
+                  static_cast<std::uint64_t>(std::ceil(static_cast<double>(total_elements_) / g)),
+              .ranks = static_cast<std::uint32_t>(topology_->clusters()),
+              .bytes_per_element = bytes_per_element,
+              .header_bytes = 64.0 * static_cast<double>(buckets_.size()) +
+                              48.0 * static_cast<double>(tensors_.size()) / g,
+              .latency_rounds =
+                  std::ceil(static_cast<double>(buckets_.size()) / std::max(threads, 1.0))};
+    }
     const bool ring = options_.algorithm == allgather_algorithm::ring ||
                       (options_.algorithm == allgather_algorithm::automatic && ranks_ > 4);
     const double rounds = ring ? static_cast<double>(ranks_ - 1) : 1.0;
@@ -891,7 +947,7 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
         {
           std::unique_lock lock(mutex_);
           changed_.wait(lock, [&] {
-            return stopping_ || failed_ || (bs.compressed >= step && bs.applied >= step - 2);
+            return stopping_ || failed_ || (ready_to_exchange(bs, step) && bs.applied >= step - 2);
           });
           if (stopping_ || failed_) return;
         }
@@ -905,7 +961,19 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     }
   }
 
+  // A flat pipeline exchanges the packed selection; a hierarchical one starts from the
+  // gradients (its exchange selects).
+  bool ready_to_exchange(const bucket_state& bs, std::int64_t step) const {
+    if (!hierarchical()) return bs.compressed >= step;
+    const slot_state& slot = bs.slots[static_cast<std::size_t>(step % 2)];
+    return slot.pushes_step == step && slot.pushes == bs.range.tensor_count;
+  }
+
   void exchange(std::size_t b, std::int64_t step) {
+    if (hierarchical()) {
+      exchange_hierarchical(b, step);
+      return;
+    }
     bucket_state& bs = *buckets_[b];
     slot_state& slot = bs.slots[static_cast<std::size_t>(step % 2)];
     const auto t0 = transport_clock::now();
@@ -915,14 +983,21 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     sparse_allgather(transport_, std::span<const std::byte>(slot.message),
                      std::span<message_buffer>(slot.received),
                      {.tag = tag, .timeout = options_.timeout, .algorithm = options_.algorithm});
+    finish_exchange(b, step, t0, static_cast<std::uint64_t>(ranks_ - 1) * slot.message.size());
+  }
+
+  // The exchange of bucket b at `step` ended (it began at t0; this rank's link carried
+  // `link` bytes for it).
+  void finish_exchange(std::size_t b, std::int64_t step, transport_clock::time_point t0,
+                       std::uint64_t link) {
     const auto t1 = transport_clock::now();
     {
       std::lock_guard lock(mutex_);
+      bucket_state& bs = *buckets_[b];
       bs.exchanged = step;
       step_record& r = record(step);
       if (r.exchanged_buckets == 0 || t0 < r.exchange_begin) r.exchange_begin = t0;
       if (t1 > r.exchange_end) r.exchange_end = t1;
-      const std::uint64_t link = static_cast<std::uint64_t>(ranks_ - 1) * slot.message.size();
       r.link_bytes += link;
       stats_.link_bytes += link;
       stats_.exchange_seconds += std::chrono::duration<double>(t1 - t0).count();
@@ -944,7 +1019,63 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     changed_.notify_all();
   }
 
+  void exchange_hierarchical(std::size_t b, std::int64_t step) {
+    bucket_state& bs = *buckets_[b];
+    slot_state& slot = bs.slots[static_cast<std::size_t>(step % 2)];
+    const auto t0 = transport_clock::now();
+    const auto x = (static_cast<std::uint64_t>(step) * buckets_.size() + b);
+    const auto wan_tag = static_cast<tag_type>(options_.tag_base + x % 16384);
+    const auto lan_tag = static_cast<tag_type>(options_.tag_base + x % 8192);
+    double density;
+    {
+      std::lock_guard lock(mutex_);
+      density = density_of(step);
+    }
+    const double cpu0 = detail::thread_cpu_seconds();
+    bs.hier->reduce_and_select(
+        *lan_, std::span<float>(slot.grad.data(), slot.grad.size()), compressor_, ex_,
+        [&](const detail::bucket_tensor& t, std::uint64_t piece) {
+          if (t.size <= options_.send_all_below) return piece;
+          const auto k =
+              static_cast<std::uint64_t>(std::ceil(density * static_cast<double>(piece)));
+          return std::max(k, std::min(piece, options_.min_k));
+        },
+        lan_tag, options_.timeout);
+    {
+      std::lock_guard lock(mutex_);
+      bs.compressed = step;  // the slot's gradient is free for step + 2
+    }
+    changed_.notify_all();
+    std::span<const std::byte> payload;
+    {
+      std::lock_guard lock(mutex_);
+      payload = reports_.own_payload(bs.report_payload);
+    }
+    const auto res =
+        bs.hier->exchange(*lan_, transport_, step, options_.op, options_.wire_indices, payload, ex_,
+                          wan_tag, static_cast<tag_type>(lan_tag + 8192), options_.timeout,
+                          [&](int from, std::int64_t s, std::span<const std::byte> reports) {
+                            take_reports(from, s, bs, reports);
+                          });
+    const double cpu = detail::thread_cpu_seconds() - cpu0;
+    {
+      std::lock_guard lock(mutex_);
+      step_record& r = record(step);
+      r.message_bytes += res.selection_bytes;
+      r.elements += res.elements;
+      stats_.bytes_sent += res.wan_bytes;
+      stats_.elements_sent += res.elements;
+      stats_.last_density = density;
+      stats_.stage_cpu_seconds += cpu;
+    }
+    finish_exchange(b, step, t0, res.wan_bytes);
+  }
+
   void apply_stage(std::size_t b, std::int64_t step) {
+    if (hierarchical()) {
+      apply_hierarchical(b, step);
+      return;
+    }
     bucket_state& bs = *buckets_[b];
     slot_state& slot = bs.slots[static_cast<std::size_t>(step % 2)];
     const std::size_t nt = bs.range.tensor_count;
@@ -1008,6 +1139,39 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
         } else {
           optimizer_.step(ts.optimizer_index, sparse, ex_);
         }
+      }
+      ts.applied = step;
+    }
+    std::lock_guard lock(mutex_);
+    bs.applied = step;
+    step_record& rec = record(step);
+    if (++rec.applied_buckets == buckets_.size()) applied_step_ = std::max(applied_step_, step);
+  }
+
+  // Every rank of every cluster holds the same merged update: it steps like the flat apply.
+  void apply_hierarchical(std::size_t b, std::int64_t step) {
+    bucket_state& bs = *buckets_[b];
+    for (std::size_t i = 0; i < bs.range.tensor_count; ++i) {
+      tensor_state& ts = tensors_[bs.range.first_tensor + i];
+      const auto& u = bs.hier->update(step, i);
+      const auto sparse = u.view();
+      const bool dense =
+          choose_aggregate(u.size(), ts.size, options_.dense_threshold) == aggregate_kind::dense;
+      if (dense) {
+        float* d = bs.dense_grad.data();
+        std::fill(d, d + ts.size, 0.0f);
+        for (std::uint64_t j = 0; j < u.size(); ++j)
+          d[static_cast<std::size_t>(u.indices()[j])] = u.values()[j];
+      }
+      std::lock_guard lock(bs.params_mutex);
+      if (dense) {
+        optimizer_.step(ts.optimizer_index, std::span<const float>(bs.dense_grad.data(), ts.size),
+                        ex_);
+        ts.history.finish(step, /*whole=*/true);
+      } else if constexpr (records_updates) {
+        step_and_log(ts, step, sparse);
+      } else {
+        optimizer_.step(ts.optimizer_index, sparse, ex_);
       }
       ts.applied = step;
     }
@@ -1100,7 +1264,7 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     const std::size_t n =
         read_step_reports(payload, step, bs.reports_in, "pipeline: rank " + std::to_string(r));
     std::lock_guard lock(mutex_);
-    reports_.take(r, std::span<const rank_report>(bs.reports_in.data(), n),
+    reports_.take(report_slot(r), std::span<const rank_report>(bs.reports_in.data(), n),
                   [&](const rank_report& agg) {
                     if constexpr (requires { policy_.set_model(exchange_cost_model{}); }) {
                       if (agg.bytes_per_element > 0)
@@ -1112,6 +1276,98 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
                     policy_.observe(last_measurement_);
                     ++observations_;
                   });
+  }
+
+  // The ranks whose reports this rank receives: all of them in a flat pipeline; in a
+  // hierarchical one its cluster and the ranks of other clusters that share a shard with it,
+  // so its policy observes those (each cluster may choose its own density: every rank still
+  // applies the same update, as the exchange does not depend on the density agreeing).
+  void start_reports(std::int64_t first_step) {
+    heard_.clear();
+    if (hierarchical()) {
+      const int c = topology_->cluster_of(transport_.rank());
+      for (int j = 0; j < topology_->size_of(c); ++j)
+        heard_.push_back(topology_->global_rank(c, j));
+      for (const auto& b : buckets_)
+        for (const auto& peer : b->hier->layout().peers) heard_.push_back(peer.rank);
+      std::sort(heard_.begin(), heard_.end());
+      heard_.erase(std::unique(heard_.begin(), heard_.end()), heard_.end());
+      reports_.start(static_cast<int>(heard_.size()), first_step);
+    } else {
+      reports_.start(ranks_, first_step);
+    }
+  }
+
+  int report_slot(int rank) const {
+    if (!hierarchical()) return rank;
+    const auto it = std::lower_bound(heard_.begin(), heard_.end(), rank);
+    if (it == heard_.end() || *it != rank) {
+      throw_error(errc::malformed_message, "pipeline: step reports from rank " +
+                                               std::to_string(rank) +
+                                               ", which shares no shard with this rank");
+    }
+    return static_cast<int>(it - heard_.begin());
+  }
+
+  // Every rank checks every rank's view of the topology and of its two links, so that a
+  // mismatch fails on every rank at start with the same message (never a hang).
+  void check_topology() {
+    const cluster_topology& topo = *topology_;
+    const tag_type tag = options_.tag_base + 16385;
+    if (transport_.size() != topo.ranks()) {
+      const std::string why = "pipeline::start: the clusters " + topo.to_string() + " hold " +
+                              std::to_string(topo.ranks()) + " ranks, the WAN transport has " +
+                              std::to_string(transport_.size());
+      abort_links(why);
+      throw_error(errc::invalid_argument, why);
+    }
+    std::vector<std::uint64_t> mine{static_cast<std::uint64_t>(transport_.rank()),
+                                    static_cast<std::uint64_t>(lan_->size()),
+                                    static_cast<std::uint64_t>(lan_->rank())};
+    for (int v : topo.sizes()) mine.push_back(static_cast<std::uint64_t>(v));
+    std::vector<message_buffer> all(static_cast<std::size_t>(ranks_));
+    sparse_allgather(transport_, std::as_bytes(std::span<const std::uint64_t>(mine)),
+                     std::span<message_buffer>(all), {.tag = tag, .timeout = options_.timeout});
+    // Every rank judges by the same data (rank 0's clusters), so that all fail alike.
+    std::vector<std::vector<std::uint64_t>> views(static_cast<std::size_t>(ranks_));
+    for (int r = 0; r < ranks_; ++r) {
+      const message_buffer& m = all[static_cast<std::size_t>(r)];
+      auto& v = views[static_cast<std::size_t>(r)];
+      v.resize(m.size() / sizeof(std::uint64_t));
+      if (m.size() != v.size() * sizeof(std::uint64_t) || v.size() < 4) {
+        throw_error(errc::malformed_message,
+                    "pipeline::start: rank " + std::to_string(r) + " sent a broken topology");
+      }
+      std::memcpy(v.data(), m.data(), m.size());
+    }
+    auto clusters_of = [&](int r) {
+      const auto& v = views[static_cast<std::size_t>(r)];
+      std::string text;
+      for (std::size_t i = 3; i < v.size(); ++i) text += (i > 3 ? "," : "") + std::to_string(v[i]);
+      return text;
+    };
+    auto fail_with = [&](int r, const std::string& what) {
+      throw_error(errc::invalid_argument,
+                  "pipeline::start: rank " + std::to_string(r) + " " + what);
+    };
+    for (int r = 1; r < ranks_; ++r) {
+      if (clusters_of(r) != clusters_of(0))
+        fail_with(r, "has the clusters " + clusters_of(r) + ", rank 0 " + clusters_of(0));
+    }
+    // From here on every rank's topology is rank 0's.
+    for (int r = 0; r < ranks_; ++r) {
+      const auto& v = views[static_cast<std::size_t>(r)];
+      if (v[0] != static_cast<std::uint64_t>(r))
+        fail_with(r, "calls itself rank " + std::to_string(v[0]));
+      const int c = topo.cluster_of(r);
+      if (v[1] != static_cast<std::uint64_t>(topo.size_of(c)) ||
+          v[2] != static_cast<std::uint64_t>(topo.local_rank(r))) {
+        fail_with(r, "has a LAN transport of rank " + std::to_string(v[2]) + " of " +
+                         std::to_string(v[1]) + "; in cluster " + std::to_string(c) + " of " +
+                         topo.to_string() + " it needs rank " + std::to_string(topo.local_rank(r)) +
+                         " of " + std::to_string(topo.size_of(c)));
+      }
+    }
   }
 
   std::vector<detail::checkpoint_tensor> checkpoint_tensors() const {
@@ -1189,6 +1445,9 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   std::uint64_t observations_ = 0;
   std::atomic<std::uint64_t> generation_{0};  // load_checkpoint calls (param_version::generation)
   step_measurement last_measurement_{};
+  Transport* lan_ = nullptr;  // a hierarchical pipeline's LAN tier (then transport_ is the WAN)
+  std::optional<cluster_topology> topology_;
+  std::vector<int> heard_;  // hierarchical: the global ranks whose reports arrive, ascending
   std::vector<std::jthread> exchangers_;  // last: joined first
 };
 
