@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The end-to-end trainer over a real network stack: under wan-emu, 4 ranks (one process
-# each, in its own network namespace) train with dense all-reduce and with the stellatrain
-# pipeline, over MPI and over ZeroMQ, first at 100 Mbit/s with 20 ms RTT, then at 1 Gbit/s
-# with 10 ms RTT. The link is shaped by the kernel (HTB) and wan-emu's delay line, not by the
-# library. Each run prints rank 0's table; summaries land in out/wan/<backend>-<rate>/.
+# each, in its own network namespace) in 2 clusters of 2 train in the four modes (dense and
+# stellatrain, each flat and hierarchical), over MPI and over ZeroMQ, first with each
+# cluster's uplink at 100 Mbit/s and 20 ms RTT between the clusters, then at 1 Gbit/s and
+# 10 ms. The links are shaped by the kernel (HTB) and wan-emu's delay line, not by the
+# library; the LAN inside a cluster is unshaped. Each run prints rank 0's table; summaries land
+# in out/wan/<backend>-<rate>/.
 #
 #   bench/wan/run.sh [BUILD_DIR] [-- extra trainer options]
 #       BUILD_DIR: a build with the trainer (default build/demo: cmake --preset demo && cmake --build --preset demo)
@@ -12,7 +14,8 @@
 # A benchmark, not a CI test: needs root, network namespaces, iproute2 and python3, and says
 # so when they are missing. Environment: WAN_EMU (default ../shared/tools/wan-emu beside the
 # checkout), WAN_BACKENDS ("mpi zmq"), WAN_LINKS ("100mbit:10 1gbit:5": rate:one-way ms),
-# WAN_CC (reno; "host" keeps the host's default congestion control).
+# WAN_CLUSTERS ("2,2": wan-emu's -c), WAN_CC (reno; "host" keeps the host's default
+# congestion control).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-$root/build/demo}
@@ -22,6 +25,9 @@ extra=("$@")
 wan_emu=${WAN_EMU:-$root/../shared/tools/wan-emu}
 backends=${WAN_BACKENDS:-mpi zmq}
 links=${WAN_LINKS:-100mbit:10 1gbit:5}
+clusters=${WAN_CLUSTERS:-2,2}
+ranks=0
+for c in ${clusters//,/ }; do ranks=$((ranks + c)); done
 cc=${WAN_CC:-reno}
 cc_args=()
 [ "$cc" != host ] && cc_args=(--cc "$cc")
@@ -43,15 +49,16 @@ for link in $links; do
     out="$root/out/wan/$backend-$rate"
     mkdir -p "$out"
     echo
-    echo "== $backend, $rate per link, $((2 * delay)) ms RTT"
+    echo "== $backend, clusters $clusters, $rate per uplink, $((2 * delay)) ms RTT between clusters"
     # No shaping by the library: the emulated network is the link.
-    args=(--transport "$backend" --bandwidth 0 --rtt 0 --out "$out" "${extra[@]+"${extra[@]}"}")
+    args=(--transport "$backend" --clusters "$clusters" --bandwidth 0 --rtt 0 --out "$out"
+          "${extra[@]+"${extra[@]}"}")
     if [ "$backend" = mpi ]; then
       OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-        bash "$wan_emu" run -n 4 -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" --rank0 --timeout 1800 -- \
-        mpirun -np 4 -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM "$trainer" "${args[@]}"
+        bash "$wan_emu" run -c "$clusters" -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" --rank0 --timeout 1800 -- \
+        mpirun -np "$ranks" -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM "$trainer" "${args[@]}"
     else
-      bash "$wan_emu" run -n 4 -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" --timeout 1800 -- sh -c '
+      bash "$wan_emu" run -c "$clusters" -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" --timeout 1800 -- sh -c '
         export STELLATRAIN_RANK=$WAN_EMU_RANK
         peers=""; for a in $WAN_EMU_ADDRS; do peers="$peers,tcp://$a:5555"; done
         export STELLATRAIN_ZMQ_PEERS=${peers#,}

@@ -28,6 +28,9 @@ struct mode_result {
   std::uint64_t steps = 0;
   std::uint64_t bytes = 0;
   double seconds = 0;
+  /// Bytes that left each cluster over its uplink (to ranks of other clusters), the mean over
+  /// the clusters, for the whole training.
+  std::uint64_t wan_bytes_per_cluster = 0;
 };
 
 }  // namespace fashion_mnist

@@ -7,21 +7,24 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fashion_mnist {
 
 struct settings {
   int ranks = 4;               // in-process only; MPI/ZeroMQ take the world size
-  double bandwidth_mbps = -1;  // per rank link; -1: 100 in-process, unshaped otherwise
-  double rtt_ms = -1;          // -1: 20 in-process, 0 otherwise
+  std::string clusters;        // cluster sizes ("2,2"); empty: see --clusters
+  double bandwidth_mbps = -1;  // each cluster's uplink; -1: 100 in-process, unshaped otherwise
+  double lan_mbps = 0;         // each rank's link inside its cluster (in-process); 0: unshaped
+  double rtt_ms = -1;          // between clusters; -1: 20 in-process, 0 otherwise
   double min_density = 1e-4;
   double max_density = 0.01;
   double epochs = 0.5;
   double target = 0.82;
   std::string transport = "inprocess";
   std::string out = "out/demo";
-  std::string mode = "both";
-  int batch = 32;  // per rank
+  std::vector<std::string> modes;  // of mode_names, in this order
+  int batch = 32;                  // per rank
   int hidden = 1024;
   float lr = 1e-3f;         // dense mode
   float sparse_lr = 3e-3f;  // stellatrain mode
@@ -33,6 +36,11 @@ struct settings {
   std::string data = default_directory;
   int staleness = 0;
 };
+
+/// The modes, in the order they run: dense and stellatrain, each flat (every rank exchanges
+/// with every rank) and hierarchical (reduced inside each cluster, exchanged between them).
+inline const std::vector<std::string> mode_names{"dense", "dense-hier", "stellatrain",
+                                                 "stellatrain-hier"};
 
 struct data {
   dataset train;

@@ -9,14 +9,16 @@
 #include "settings.hpp"
 
 #include <stellatrain/transport/any_transport.hpp>
+#include <stellatrain/transport/cluster_topology.hpp>
 
 #include <vector>
 
 namespace fashion_mnist {
 
-/// Runs the modes that s.mode names over this rank's `link` (every rank calls it); rank 0
-/// appends one result per mode to `results`. Counts the bytes that rank 0 sends.
-void train(stellatrain::any_transport link, const settings& s, const data& d,
-           std::vector<mode_result>* results);
+/// Runs the modes that s.modes names over this rank's `link` to every rank (every rank calls
+/// it; the clusters of `topology` group the ranks); rank 0 appends one result per mode to
+/// `results`. Counts the bytes that rank 0 sends and the bytes that leave each cluster.
+void train(stellatrain::any_transport link, const stellatrain::cluster_topology& topology,
+           const settings& s, const data& d, std::vector<mode_result>* results);
 
 }  // namespace fashion_mnist
