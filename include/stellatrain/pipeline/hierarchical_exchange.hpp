@@ -285,10 +285,10 @@ class hierarchical_bucket {
 
   // Parses one received message of `step` and decodes its sections into `out(piece)`, checking
   // that every section lies in this rank's shard (where a peer's selection must be).
-  template <class Executor, class TakeReports, class Out>
-  void decode_message(std::span<const std::byte> m, std::int64_t step, int from, const char* tier,
-                      Executor& ex, TakeReports& take_reports, Out&& out) {
-    const std::string who = "hierarchical exchange: rank " + std::to_string(from) + " over " + tier;
+  // Parses `from`'s message of `step`, checks its step and hands its step reports over.
+  template <class Executor, class TakeReports>
+  const message_info& parse_step(std::span<const std::byte> m, std::int64_t step, int from,
+                                 const std::string& who, Executor& ex, TakeReports& take_reports) {
     const message_info& info = unpacker_.parse(m, ex);
     if (info.tag != static_cast<std::uint64_t>(step)) {
       throw_error(errc::malformed_message, who + " sent step " + std::to_string(info.tag) +
@@ -298,6 +298,14 @@ class hierarchical_bucket {
         c != message_unpacker::npos) {
       take_reports(from, step, info.controls[c].payload);
     }
+    return info;
+  }
+
+  template <class Executor, class TakeReports, class Out>
+  void decode_message(std::span<const std::byte> m, std::int64_t step, int from, const char* tier,
+                      Executor& ex, TakeReports& take_reports, Out&& out) {
+    const std::string who = "hierarchical exchange: rank " + std::to_string(from) + " over " + tier;
+    const message_info& info = parse_step(m, step, from, who, ex, take_reports);
     for (std::size_t s = 0; s < info.sections.size(); ++s) {
       const section_info& sec = info.sections[s];
       const std::size_t piece = piece_of(sec.tensor);
@@ -392,16 +400,8 @@ class hierarchical_bucket {
       const int from = first + static_cast<int>(j);
       const std::string who =
           "hierarchical exchange: rank " + std::to_string(from) + " over the LAN";
-      const message_info& info =
-          unpacker_.parse(std::span<const std::byte>(m.data(), m.size()), ex);
-      if (info.tag != static_cast<std::uint64_t>(step)) {
-        throw_error(errc::malformed_message, who + " sent step " + std::to_string(info.tag) +
-                                                 " at step " + std::to_string(step));
-      }
-      if (const std::size_t c = unpacker_.find_control(control_type::step_reports);
-          c != message_unpacker::npos) {
-        take_reports(from, step, info.controls[c].payload);
-      }
+      const message_info& info = parse_step(std::span<const std::byte>(m.data(), m.size()), step,
+                                            from, who, ex, take_reports);
       for (std::size_t s = 0; s < info.sections.size(); ++s) {
         const section_info& sec = info.sections[s];
         std::size_t t = 0;
