@@ -120,6 +120,61 @@ TEST_CASE("controller respects its bounds and validates options", "[controller]"
   CHECK_THROWS_AS(adaptive_density_controller(model, {.min_density = 0.5, .max_density = 0.1}),
                   error);
   CHECK_THROWS_AS(adaptive_density_controller(model, {.smoothing = 0}), error);
+  CHECK_THROWS_AS(adaptive_density_controller(model, {.latency_bound_share = 1.5}), error);
+  CHECK_THROWS_AS(adaptive_density_controller(model, {.latency_bound_share = -0.1}), error);
+}
+
+namespace {
+
+// Runs a controller for 60 steps of a 100 Mbit/s link with 10 ms latency and 5 ms of compute
+// (the latency alone exceeds the compute); the link's exchanges went through `measured_rounds`
+// rounds of latency (0: as the model says). Returns the density it holds at the end.
+double latency_bound_density(const exchange_cost_model& model, density_controller_options o,
+                             double measured_rounds) {
+  o.latency_seconds = 0.010;
+  adaptive_density_controller c(model, o);
+  const double rounds = measured_rounds > 0 ? measured_rounds : model.latency_rounds;
+  for (int i = 0; i < 60; ++i) {
+    const double bytes = model.link_bytes(c.density());
+    c.observe({.compute_seconds = 0.005,
+               .comm_seconds = rounds * 0.010 + bytes / 12.5e6,
+               .link_bytes = static_cast<std::uint64_t>(bytes),
+               .latency_rounds = measured_rounds});
+  }
+  return c.density();
+}
+
+}  // namespace
+
+TEST_CASE("controller: a latency above the compute leaves the transfer its share", "[controller]") {
+  const exchange_cost_model model{.elements = 1'000'000,
+                                  .ranks = 2,
+                                  .bytes_per_element = 5.0,
+                                  .header_bytes = 100,
+                                  .latency_rounds = 1};
+  // The transfer gets half of 0.95 * 5 ms at 12.5 MB/s: 29.7 kB, (29.7k - 100) / 5M = 0.0059.
+  const double expected = (0.5 * 0.95 * 0.005 * 12.5e6 - 100) / (1e6 * 5.0);
+  const density_controller_options o{.min_density = 1e-4, .max_density = 0.1};
+  CHECK(latency_bound_density(model, o, 0) == Approx(expected).epsilon(0.06));
+  // Without the share the density falls to its floor, as no density hides the exchange.
+  auto none = o;
+  none.latency_bound_share = 0;
+  CHECK(latency_bound_density(model, none, 0) == 1e-4);
+}
+
+TEST_CASE("controller: measured latency rounds keep the bandwidth estimate right", "[controller]") {
+  // Buckets whose exchanges did not overlap wait two latencies where the model counts one; the
+  // bandwidth estimate, and with it the density, must not fall for it.
+  const exchange_cost_model model{.elements = 1'000'000,
+                                  .ranks = 2,
+                                  .bytes_per_element = 5.0,
+                                  .header_bytes = 100,
+                                  .latency_rounds = 1};
+  const density_controller_options o{.min_density = 1e-4, .max_density = 0.1};
+  const double with_rounds = latency_bound_density(model, o, 2);
+  // Two rounds of 10 ms already exceed the compute: the transfer still gets its share.
+  const double expected = (0.5 * 0.95 * 0.005 * 12.5e6 - 100) / (1e6 * 5.0);
+  CHECK(with_rounds == Approx(expected).epsilon(0.06));
 }
 
 TEST_CASE("density policies", "[controller]") {

@@ -53,7 +53,8 @@ TEST_CASE("step reports: the payload carries every field exactly, in a control s
                                              .exchange_seconds = 0.125,
                                              .compute_seconds = 1.0 / 3.0,
                                              .link_bytes = 123456789012ull,
-                                             .bytes_per_element = 3.14},
+                                             .bytes_per_element = 3.14,
+                                             .latency_rounds = 2},
                                             {.step = 42,
                                              .exchange_seconds = 0,
                                              .compute_seconds = 7e-9,
@@ -63,10 +64,11 @@ TEST_CASE("step reports: the payload carries every field exactly, in a control s
                                              .exchange_seconds = 1e300,
                                              .compute_seconds = 2.5,
                                              .link_bytes = ~0ull,
-                                             .bytes_per_element = 5.0}};
+                                             .bytes_per_element = 5.0,
+                                             .latency_rounds = 0.5}};
   const auto payload = payload_of(reports);
-  REQUIRE(payload.size() == 8 + 3 * 40);
-  CHECK(detail::load_le<std::uint16_t>(payload.data()) == 1);
+  REQUIRE(payload.size() == 8 + 3 * 48);
+  CHECK(detail::load_le<std::uint16_t>(payload.data()) == 2);
   CHECK(detail::load_le<std::uint16_t>(payload.data() + 2) == 3);
   CHECK(detail::load_le<std::uint64_t>(payload.data() + 8) == 41);
   CHECK(detail::load_le<std::uint64_t>(payload.data() + 16) == std::bit_cast<std::uint64_t>(0.125));
@@ -93,6 +95,7 @@ TEST_CASE("step reports: the payload carries every field exactly, in a control s
           std::bit_cast<std::uint64_t>(reports[i].compute_seconds));
     CHECK(out[i].link_bytes == reports[i].link_bytes);
     CHECK(out[i].bytes_per_element == reports[i].bytes_per_element);
+    CHECK(out[i].latency_rounds == reports[i].latency_rounds);
   }
 }
 
@@ -112,13 +115,14 @@ TEST_CASE("step reports: a payload that breaks the layout is refused with the re
   REQUIRE(read_step_reports(good, 7, out, "rank 2") == 2);
 
   expect_refused(std::vector<std::byte>(good.begin(), good.begin() + 7), 7, "7 bytes, no header");
-  expect_refused(std::vector<std::byte>(good.begin(), good.end() - 1), 7, "87 bytes for 2 reports");
+  expect_refused(std::vector<std::byte>(good.begin(), good.end() - 1), 7,
+                 "103 bytes for 2 reports");
   auto longer = good;
   longer.push_back(std::byte{0});
-  expect_refused(longer, 7, "89 bytes for 2 reports");
+  expect_refused(longer, 7, "105 bytes for 2 reports");
   auto m = good;
-  put<std::uint16_t>(m, 0, 2);
-  expect_refused(m, 7, "layout version 2");
+  put<std::uint16_t>(m, 0, 1);
+  expect_refused(m, 7, "layout version 1");
   m = good;
   put<std::uint32_t>(m, 4, 1);
   expect_refused(m, 7, "reserved bytes are not zero");
@@ -132,7 +136,7 @@ TEST_CASE("step reports: a payload that breaks the layout is refused with the re
   expect_refused(good, 6, "report of step 6 in a message of step 6 after step 5");
   expect_refused(good, 0, "report of step 5 in a message of step 0");
   m = good;
-  put<std::uint64_t>(m, 48, 5);
+  put<std::uint64_t>(m, 56, 5);
   expect_refused(m, 7, "report of step 5 in a message of step 7 after step 5");
   m = good;
   put<std::uint64_t>(m, 8, ~0ull);  // step -1 as a signed number
@@ -140,8 +144,10 @@ TEST_CASE("step reports: a payload that breaks the layout is refused with the re
   // Times and sizes per element: finite and not negative.
   const double bad_values[] = {-1.0, std::numeric_limits<double>::quiet_NaN(),
                                std::numeric_limits<double>::infinity()};
-  const std::pair<std::size_t, const char*> fields[] = {
-      {16, "exchange seconds"}, {24, "compute seconds"}, {40, "bytes per element"}};
+  const std::pair<std::size_t, const char*> fields[] = {{16, "exchange seconds"},
+                                                        {24, "compute seconds"},
+                                                        {40, "bytes per element"},
+                                                        {48, "latency rounds"}};
   for (const auto& [offset, name] : fields) {
     for (double v : bad_values) {
       m = good;
@@ -154,7 +160,8 @@ TEST_CASE("step reports: a payload that breaks the layout is refused with the re
   CHECK_THROWS_AS(write_step_reports(std::vector<rank_report>(9), room), error);
   CHECK_THROWS_AS(write_step_reports(std::vector<rank_report>{}, room), error);
   CHECK_THROWS_AS(
-      write_step_reports(std::vector<rank_report>(2), std::span<std::byte>(room).first(87)), error);
+      write_step_reports(std::vector<rank_report>(2), std::span<std::byte>(room).first(103)),
+      error);
 }
 
 TEST_CASE(

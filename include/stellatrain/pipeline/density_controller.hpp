@@ -28,6 +28,9 @@ struct step_measurement {
   /// Throughput of the link while it was busy (bytes / busy seconds), as a metering transport
   /// measures it; 0 when unknown (then `link_bytes / comm_seconds` net of latency is used).
   double link_bytes_per_second = 0;
+  /// Sequential rounds of latency the exchange actually went through (for example buckets
+  /// whose exchanges did not overlap); 0: as the cost model says.
+  double latency_rounds = 0;
 };
 
 /// The cost model: bytes and seconds of one step's exchange at density d.
@@ -80,6 +83,12 @@ struct density_controller_options {
   /// Leave the density alone while the new choice is within this relative distance of it: a
   /// dead band that keeps steady state from dithering.
   double dead_band = 0.05;
+  /// The share of `target_ratio * compute` the transfer (the exchange net of its latency) may
+  /// always take. The exchange fits into the compute when the latency leaves room; when the
+  /// latency alone fills the compute (a short step on a long link), no density could hide,
+  /// and without this floor the density would fall to `min_density` although the link is idle
+  /// but for its delay. The step then takes at most latency + this share of the compute.
+  double latency_bound_share = 0.5;
   /// One-way link latency in seconds if known (0: estimated from measurements that carry the
   /// link's throughput, else counted as transfer time).
   double latency_seconds = 0;
@@ -122,7 +131,9 @@ struct fixed_density {
 
 /// Picks the largest density whose predicted exchange time stays at `target_ratio` of the
 /// compute time, within [min_density, max_density], from moving averages of the link
-/// bandwidth and of the compute time (`exchange_cost_model` predicts the exchange time).
+/// bandwidth and of the compute time (`exchange_cost_model` predicts the exchange time). When
+/// the latency leaves less than `latency_bound_share` of that time for the transfer, the
+/// transfer gets that share and the exchange ends after the compute (it cannot hide anyway).
 ///
 /// Bandwidth is taken from `step_measurement::link_bytes_per_second` when given, else derived
 /// as link_bytes / (comm_seconds - latency). Changes smaller than `dead_band` are ignored, so
@@ -139,10 +150,12 @@ class adaptive_density_controller {
       : model_(model), options_(options), density_(clamp(options.initial_density)) {
     if (!(options_.min_density > 0) || options_.min_density > options_.max_density ||
         options_.max_density > 1 || !(options_.smoothing > 0) || options_.smoothing > 1 ||
-        !(options_.target_ratio > 0) || !(options_.change_factor > 1)) {
+        !(options_.target_ratio > 0) || !(options_.change_factor > 1) ||
+        !(options_.latency_bound_share >= 0) || options_.latency_bound_share > 1) {
       throw_error(errc::invalid_argument,
                   "adaptive_density_controller: need 0 < min_density <= max_density <= 1, "
-                  "0 < smoothing <= 1, target_ratio > 0 and change_factor > 1");
+                  "0 < smoothing <= 1, target_ratio > 0, change_factor > 1 and "
+                  "0 <= latency_bound_share <= 1");
     }
   }
 
@@ -191,15 +204,15 @@ class adaptive_density_controller {
   }
 
   void observe(const step_measurement& m) {
+    const double rounds = m.latency_rounds > 0 ? m.latency_rounds : model_.latency_rounds;
     if (m.compute_seconds > 0) compute_.add(m.compute_seconds, options_);
     if (m.comm_seconds > 0 && m.link_bytes > 0) {
       const auto bytes = static_cast<double>(m.link_bytes);
       double sample = m.link_bytes_per_second;
       if (sample > 0) {
         // The link's own throughput is known: what it does not explain is latency.
-        if (options_.latency_seconds <= 0 && model_.latency_rounds > 0) {
-          const double excess =
-              std::max(0.0, (m.comm_seconds - bytes / sample) / model_.latency_rounds);
+        if (options_.latency_seconds <= 0 && rounds > 0) {
+          const double excess = std::max(0.0, (m.comm_seconds - bytes / sample) / rounds);
           latency_ = latency_ == 0 ? excess : latency_ + options_.smoothing * (excess - latency_);
         }
       } else {
@@ -207,8 +220,7 @@ class adaptive_density_controller {
         // to the transfer. An unknown latency makes this sample underestimate the bandwidth;
         // the density still converges to where comm == target, because each step rescales it
         // by target / measured (monotonically: the error shrinks by latency / comm per step).
-        const double busy =
-            std::max(m.comm_seconds - model_.latency_rounds * latency(), 1e-3 * m.comm_seconds);
+        const double busy = std::max(m.comm_seconds - rounds * latency(), 1e-3 * m.comm_seconds);
         sample = bytes / busy;
       }
       bandwidth_.add(sample, options_);
@@ -216,7 +228,9 @@ class adaptive_density_controller {
     if (bandwidth_.value <= 0 || compute_.value <= 0) return;
 
     const double target = options_.target_ratio * compute_.value;
-    if (m.comm_seconds > 0 && m.comm_seconds < options_.probe_below * target &&
+    const double delay = rounds * latency();
+    const double transfer = std::max(target - delay, options_.latency_bound_share * target);
+    if (m.comm_seconds > 0 && m.comm_seconds - delay < options_.probe_below * transfer &&
         density_ < options_.max_density) {
       if (++fast_steps_ >= options_.probe_after) {
         bandwidth_.value *= options_.probe_factor;
@@ -225,7 +239,8 @@ class adaptive_density_controller {
     } else {
       fast_steps_ = 0;
     }
-    const double wanted = clamp(model_.density_for(target, bandwidth_.value, latency()));
+    const double wanted = clamp(model_.density_for(transfer + model_.latency_rounds * latency(),
+                                                   bandwidth_.value, latency()));
     if (std::fabs(wanted - density_) > options_.dead_band * density_) density_ = wanted;
   }
 

@@ -114,6 +114,10 @@ struct hierarchical_result {
   std::uint64_t wan_bytes = 0;        // bytes this rank sent over the WAN
   std::uint64_t elements = 0;         // pairs this rank selected
   std::uint64_t selection_bytes = 0;  // its packed selection, once (the first peer's message)
+  // When its WAN messages were in flight (equal when it had none): the span the density
+  // controller's bandwidth estimate is measured over, without the LAN and selection work.
+  transport_clock::time_point wan_begin{};
+  transport_clock::time_point wan_end{};
 };
 
 // The state of one bucket's hierarchical exchange: its layout, selections, messages and the
@@ -265,6 +269,7 @@ class hierarchical_bucket {
     }
     res.selection_bytes = messages_[message_of[0]].size();
     wan_ws_.release_requests();
+    res.wan_begin = transport_clock::now();
     run_collective(wan, wan_ws_, /*abort_on_failure=*/true, [&] {
       for (std::size_t q = 0; q < peers.size(); ++q)
         wan_ws_.recvs.push_back(wan.irecv(peers[q].rank, tag, received_[q]));
@@ -281,10 +286,9 @@ class hierarchical_bucket {
       }
       await_sends(wan_ws_, ctx);
     });
+    res.wan_end = transport_clock::now();
   }
 
-  // Parses one received message of `step` and decodes its sections into `out(piece)`, checking
-  // that every section lies in this rank's shard (where a peer's selection must be).
   // Parses `from`'s message of `step`, checks its step and hands its step reports over.
   template <class Executor, class TakeReports>
   const message_info& parse_step(std::span<const std::byte> m, std::int64_t step, int from,
@@ -301,6 +305,8 @@ class hierarchical_bucket {
     return info;
   }
 
+  // Parses one received message of `step` and decodes its sections into `out(piece)`, checking
+  // that every section lies in this rank's shard (where a peer's selection must be).
   template <class Executor, class TakeReports, class Out>
   void decode_message(std::span<const std::byte> m, std::int64_t step, int from, const char* tier,
                       Executor& ex, TakeReports& take_reports, Out&& out) {

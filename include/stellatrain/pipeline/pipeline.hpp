@@ -637,8 +637,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     std::size_t applied_buckets = 0;
     double density = -1;
     double compute_seconds = 0;
-    transport_clock::time_point exchange_begin{};
-    transport_clock::time_point exchange_end{};
+    // [begin, end) of each bucket's exchange, for the link's busy time of the step.
+    std::vector<std::pair<transport_clock::time_point, transport_clock::time_point>> spans;
     std::uint64_t link_bytes = 0;
     std::uint64_t message_bytes = 0;
     std::uint64_t elements = 0;
@@ -661,8 +661,11 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   step_record& record(std::int64_t step) {
     step_record& r = records_[static_cast<std::size_t>(step % records_size)];
     if (r.step != step) {
+      auto spans = std::move(r.spans);  // keeps its capacity: no allocation per step
+      spans.clear();
       r = step_record{};
       r.step = step;
+      r.spans = std::move(spans);
     }
     return r;
   }
@@ -986,18 +989,39 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     finish_exchange(b, step, t0, static_cast<std::uint64_t>(ranks_ - 1) * slot.message.size());
   }
 
+  // The time the spans cover together and how many disjoint groups they form: buckets whose
+  // exchanges overlap share the link and one latency; one that starts after the others ended
+  // (its gradients came later) waits a latency of its own, and the gap is compute, not link.
+  static std::pair<double, double> busy_time(
+      std::vector<std::pair<transport_clock::time_point, transport_clock::time_point>>& spans) {
+    std::sort(spans.begin(), spans.end());
+    double busy = 0;
+    double groups = 0;
+    for (std::size_t i = 0; i < spans.size();) {
+      auto [begin, end] = spans[i];
+      for (++i; i < spans.size() && spans[i].first <= end; ++i)
+        end = std::max(end, spans[i].second);
+      busy += std::chrono::duration<double>(end - begin).count();
+      groups += 1;
+    }
+    return {busy, groups};
+  }
+
   // The exchange of bucket b at `step` ended (it began at t0; this rank's link carried
   // `link` bytes for it).
   void finish_exchange(std::size_t b, std::int64_t step, transport_clock::time_point t0,
                        std::uint64_t link) {
-    const auto t1 = transport_clock::now();
+    finish_exchange(b, step, t0, transport_clock::now(), link);
+  }
+  // The same, with the span [t0, t1] the link was busy for it.
+  void finish_exchange(std::size_t b, std::int64_t step, transport_clock::time_point t0,
+                       transport_clock::time_point t1, std::uint64_t link) {
     {
       std::lock_guard lock(mutex_);
       bucket_state& bs = *buckets_[b];
       bs.exchanged = step;
       step_record& r = record(step);
-      if (r.exchanged_buckets == 0 || t0 < r.exchange_begin) r.exchange_begin = t0;
-      if (t1 > r.exchange_end) r.exchange_end = t1;
+      if (t1 > t0) r.spans.emplace_back(t0, t1);
       r.link_bytes += link;
       stats_.link_bytes += link;
       stats_.exchange_seconds += std::chrono::duration<double>(t1 - t0).count();
@@ -1006,13 +1030,13 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
         const double per_element =
             r.elements > 0 ? static_cast<double>(r.message_bytes) / static_cast<double>(r.elements)
                            : 0.0;
-        reports_.add_own(
-            {.step = step,
-             .exchange_seconds =
-                 std::chrono::duration<double>(r.exchange_end - r.exchange_begin).count(),
-             .compute_seconds = r.compute_seconds,
-             .link_bytes = r.link_bytes,
-             .bytes_per_element = per_element});
+        const std::pair<double, double> busy = busy_time(r.spans);
+        reports_.add_own({.step = step,
+                          .exchange_seconds = busy.first,
+                          .compute_seconds = r.compute_seconds,
+                          .link_bytes = r.link_bytes,
+                          .bytes_per_element = per_element,
+                          .latency_rounds = busy.second});
       }
       launch_ready(b);
     }
@@ -1022,7 +1046,6 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   void exchange_hierarchical(std::size_t b, std::int64_t step) {
     bucket_state& bs = *buckets_[b];
     slot_state& slot = bs.slots[static_cast<std::size_t>(step % 2)];
-    const auto t0 = transport_clock::now();
     const auto x = (static_cast<std::uint64_t>(step) * buckets_.size() + b);
     const auto wan_tag = static_cast<tag_type>(options_.tag_base + x % 16384);
     const auto lan_tag = static_cast<tag_type>(options_.tag_base + x % 8192);
@@ -1068,7 +1091,10 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
       stats_.last_density = density;
       stats_.stage_cpu_seconds += cpu;
     }
-    finish_exchange(b, step, t0, res.wan_bytes);
+    // The policy learns the uplink from the WAN messages' span alone: the LAN collectives and
+    // the selection around them would otherwise count as transfer time, and a lower density
+    // would then look like a slower link.
+    finish_exchange(b, step, res.wan_begin, res.wan_end, res.wan_bytes);
   }
 
   void apply_stage(std::size_t b, std::int64_t step) {
@@ -1272,7 +1298,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
                     }
                     last_measurement_ = step_measurement{.compute_seconds = agg.compute_seconds,
                                                          .comm_seconds = agg.exchange_seconds,
-                                                         .link_bytes = agg.link_bytes};
+                                                         .link_bytes = agg.link_bytes,
+                                                         .latency_rounds = agg.latency_rounds};
                     policy_.observe(last_measurement_);
                     ++observations_;
                   });

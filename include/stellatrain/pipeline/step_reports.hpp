@@ -26,17 +26,20 @@ namespace stellatrain {
 /// them.
 struct rank_report {
   std::int64_t step = -1;        ///< the step (-1: none)
-  double exchange_seconds = 0;   ///< wall time from its first to its last exchange
+  double exchange_seconds = 0;   ///< wall time with one of its exchanges in flight
   double compute_seconds = 0;    ///< the rank's compute time of the step
   std::uint64_t link_bytes = 0;  ///< bytes its link carried in the step, by the cost model
   double bytes_per_element = 0;  ///< packed bytes per selected element in the step
+  /// Disjoint spans its exchanges formed (exchanges that overlap in time count once): each
+  /// waited one latency, so the link's transfer time is exchange_seconds less that many.
+  double latency_rounds = 0;
 };
 
 /// Layout constants of the step-reports control section (`control_type::step_reports`).
 namespace step_reports_layout {
-inline constexpr std::uint16_t version = 1;
+inline constexpr std::uint16_t version = 2;
 inline constexpr std::size_t header_bytes = 8;
-inline constexpr std::size_t report_bytes = 40;
+inline constexpr std::size_t report_bytes = 48;
 /// Reports one section may carry.
 inline constexpr std::size_t max_reports = 8;
 }  // namespace step_reports_layout
@@ -68,6 +71,7 @@ inline std::span<std::byte> write_step_reports(std::span<const rank_report> repo
     detail::store_le<std::uint64_t>(p + 16, std::bit_cast<std::uint64_t>(r.compute_seconds));
     detail::store_le<std::uint64_t>(p + 24, r.link_bytes);
     detail::store_le<std::uint64_t>(p + 32, std::bit_cast<std::uint64_t>(r.bytes_per_element));
+    detail::store_le<std::uint64_t>(p + 40, std::bit_cast<std::uint64_t>(r.latency_rounds));
     p += layout::report_bytes;
   }
   return out.first(bytes);
@@ -115,7 +119,8 @@ inline std::size_t read_step_reports(std::span<const std::byte> payload, std::in
               .exchange_seconds = seconds(p + 8, "exchange seconds"),
               .compute_seconds = seconds(p + 16, "compute seconds"),
               .link_bytes = detail::load_le<std::uint64_t>(p + 24),
-              .bytes_per_element = seconds(p + 32, "bytes per element")};
+              .bytes_per_element = seconds(p + 32, "bytes per element"),
+              .latency_rounds = seconds(p + 40, "latency rounds")};
   }
   return count;
 }
@@ -127,8 +132,8 @@ namespace detail {
 // that starts a step's exchanges last waits for nobody, so the smallest exchange time among
 // the ranks is the link's. Every rank therefore sends its view of its last completed steps
 // with each message, and every rank observes, in step order, the same aggregate once all
-// ranks' reports of a step are in: exchange time, link bytes and bytes per element of the rank
-// with the smallest exchange time, compute time of the slowest rank.
+// ranks' reports of a step are in: exchange time, link bytes, bytes per element and latency
+// rounds of the rank with the smallest exchange time, compute time of the slowest rank.
 class step_report_book {
  public:
   // Latest own reports sent per message.
@@ -182,6 +187,7 @@ class step_report_book {
           agg.exchange_seconds = r.exchange_seconds;
           agg.link_bytes = r.link_bytes;
           agg.bytes_per_element = r.bytes_per_element;
+          agg.latency_rounds = r.latency_rounds;
         }
         agg.step = next_;
         agg.compute_seconds = std::max(agg.compute_seconds, r.compute_seconds);
