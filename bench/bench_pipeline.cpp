@@ -23,10 +23,21 @@
 //                   parameters up to date (with the gates), in the emulated compute, and
 //                   handing over the gradients
 //     whole_copies  copy:0: tensors per step copied whole (their changes were not kept)
+//
+//   BM_cluster_wan_bytes   2 clusters of 2 ranks, each cluster's uplink 100 Mbit/s each way
+//                          with 10 ms one-way delay (`cluster_links`), the LAN unshaped; 5M
+//                          parameters in 10 tensors, a fixed density of 1%, staleness 0,
+//                          20 ms of emulated compute; 12 steps (4 warm-up) of the flat
+//                          pipeline, then of the hierarchical one, in the same run.
+//     flat_KB, hier_KB   bytes per step out of cluster 0's uplink
+//     hier_over_flat     their ratio (target: at most 1/G plus headers, G = 2)
+//     flat_step_s, hier_step_s  wall time per step
 #include <stellatrain/compress/error_feedback.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 #include <stellatrain/optim/adam.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
+#include <stellatrain/transport/barrier.hpp>
+#include <stellatrain/transport/cluster_topology.hpp>
 #include <stellatrain/transport/in_process.hpp>
 #include <stellatrain/transport/shaping.hpp>
 
@@ -175,7 +186,87 @@ void BM_pipeline_step(benchmark::State& state) {
                           static_cast<std::int64_t>(tensors * tensor_elements * 4));
 }
 
+// One mode of BM_cluster_wan_bytes: bytes per step out of cluster 0's uplink and seconds per
+// step, steady state.
+struct cluster_run {
+  double wan_bytes = 0;
+  double step_seconds = 0;
+};
+
+cluster_run run_clusters(bool hierarchical) {
+  using link = st::shaped_transport<st::in_process_transport>;
+  constexpr std::size_t n_tensors = 10;
+  constexpr std::size_t n_elements = 500'000;
+  constexpr int n_steps = 12;
+  constexpr int n_warmup = 4;
+  const auto topo = st::cluster_topology::parse("2,2");
+  auto links = std::make_shared<st::cluster_links>(topo, 100e6, std::chrono::microseconds(10'000));
+  cluster_run out;
+  st::run_in_process_clusters(topo, [&](st::in_process_transport& lan_raw,
+                                        st::in_process_transport& wan_raw) {
+    link lan(std::move(lan_raw), {.bits_per_second = 0});
+    link wan(std::move(wan_raw), {.bits_per_second = 0, .clusters = links});
+    st::thread_pool pool{1};
+    using compressor = st::error_feedback_compressor<st::threshold_selector<>, st::bf16>;
+    using pipeline =
+        st::pipeline<compressor, link, st::adam_optimizer, st::thread_pool, st::fixed_density>;
+    const st::pipeline_options options{.bucket_bytes = n_elements * sizeof(float) * 5,
+                                       .staleness = 0,
+                                       .exchange_threads = 2,
+                                       .algorithm = st::allgather_algorithm::direct};
+    auto p = hierarchical ? std::make_unique<pipeline>(
+                                st::hierarchical_links<link>{lan, wan, topo}, pool, compressor(),
+                                st::adam_optimizer({.lr = 1e-3f}), options, st::fixed_density{0.01})
+                          : std::make_unique<pipeline>(wan, pool, compressor(),
+                                                       st::adam_optimizer({.lr = 1e-3f}), options,
+                                                       st::fixed_density{0.01});
+    std::vector<float> init(n_elements, 0.0f);
+    for (std::size_t i = 0; i < n_tensors; ++i) p->add_tensor(static_cast<std::uint32_t>(i), init);
+    p->start();
+    std::vector<float> g(n_elements);
+    std::mt19937 rng(static_cast<std::uint32_t>(wan.rank()));
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (auto& x : g) x = dist(rng);
+    std::uint64_t bytes0 = 0;
+    st::transport_clock::time_point t0{};
+    for (int s = 0; s < n_steps; ++s) {
+      if (s == n_warmup) {
+        st::barrier(wan, {.tag = 7});
+        bytes0 = links->bytes_out(0);
+        t0 = st::transport_clock::now();
+      }
+      for (std::size_t b = 0; b < p->bucket_count(); ++b) p->wait_for_forward(b);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // forward + backward
+      for (std::size_t i = n_tensors; i-- > 0;) p->push_gradient(i, g);
+    }
+    p->flush();
+    const auto t1 = st::transport_clock::now();
+    const std::uint64_t bytes1 = links->bytes_out(0);
+    if (wan.rank() == 0) {
+      out.wan_bytes = static_cast<double>(bytes1 - bytes0) / (n_steps - n_warmup);
+      out.step_seconds = std::chrono::duration<double>(t1 - t0).count() / (n_steps - n_warmup);
+    }
+    st::barrier(wan, {.tag = 8});
+  });
+  return out;
+}
+
+void BM_cluster_wan_bytes(benchmark::State& state) {
+  for (auto _ : state) {
+    const cluster_run flat = run_clusters(false);
+    const cluster_run hier = run_clusters(true);
+    state.SetIterationTime(flat.step_seconds + hier.step_seconds);
+    state.counters["flat_KB"] = flat.wan_bytes / 1e3;
+    state.counters["hier_KB"] = hier.wan_bytes / 1e3;
+    state.counters["hier_over_flat"] = hier.wan_bytes / flat.wan_bytes;
+    state.counters["flat_step_s"] = flat.step_seconds;
+    state.counters["hier_step_s"] = hier.step_seconds;
+  }
+}
+
 }  // namespace
+
+BENCHMARK(BM_cluster_wan_bytes)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK(BM_pipeline_step)
     ->ArgNames({"Mbps", "permille", "copy"})
