@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <span>
 #include <stdexcept>
@@ -144,16 +145,10 @@ class toy_model {
   std::vector<std::vector<float>> weights_, grads_;
 };
 
-// "The pipeline"
-void train(stellatrain::in_process_transport& transport, toy_model& model, int steps) {
-  // [pipeline]
-  stellatrain::thread_pool pool{2};
-  stellatrain::pipeline p(
-      transport, pool,
-      stellatrain::error_feedback_compressor<stellatrain::threshold_selector<>,
-                                             stellatrain::bf16>(),
-      stellatrain::adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 4 << 20, .staleness = 0},
-      stellatrain::adaptive_density_controller({.min_density = 1e-4, .max_density = 0.05}));
+// "The pipeline": the training loop, the same for a flat and a hierarchical pipeline.
+template <class Pipeline>
+void run_steps(Pipeline& p, toy_model& model, int steps) {
+  // [loop]
   for (auto& t : model.tensors()) p.add_tensor(t.id, t.initial_values);  // forward order
   p.start();  // collective: rank 0's values to all
   for (int step = 0; step < steps; ++step) {
@@ -170,8 +165,39 @@ void train(stellatrain::in_process_transport& transport, toy_model& model, int s
     });
   }
   p.flush();
-  // [pipeline]
+  // [loop]
   require(p.stats().steps_applied == static_cast<std::uint64_t>(steps), "pipeline: every step");
+}
+
+void train(stellatrain::in_process_transport& transport, toy_model& model, int steps) {
+  // [pipeline]
+  stellatrain::thread_pool pool{2};
+  stellatrain::pipeline p(
+      transport, pool,
+      stellatrain::error_feedback_compressor<stellatrain::threshold_selector<>,
+                                             stellatrain::bf16>(),
+      stellatrain::adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 4 << 20, .staleness = 0},
+      stellatrain::adaptive_density_controller({.min_density = 1e-4, .max_density = 0.05}));
+  // [pipeline]
+  run_steps(p, model, steps);
+}
+
+// "Across clusters": `lan` connects the ranks of this rank's cluster, `wan` every rank.
+void train_in_clusters(stellatrain::in_process_transport& lan,
+                       stellatrain::in_process_transport& wan, toy_model& model, int steps) {
+  // [hierarchical]
+  // Cluster sizes in rank order, the same on every rank (checked at start), here from
+  // STELLATRAIN_CLUSTERS=2,2; without the variable every rank is a cluster of its own.
+  const auto topology = stellatrain::cluster_topology::from_environment(wan.size());
+  stellatrain::thread_pool pool{2};
+  stellatrain::pipeline p(
+      stellatrain::hierarchical_links<stellatrain::in_process_transport>{lan, wan, topology}, pool,
+      stellatrain::error_feedback_compressor<stellatrain::threshold_selector<>,
+                                             stellatrain::bf16>(),
+      stellatrain::adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 4 << 20, .staleness = 0},
+      stellatrain::adaptive_density_controller({.min_density = 1e-4, .max_density = 0.05}));
+  // [hierarchical]
+  run_steps(p, model, steps);
 }
 
 }  // namespace
@@ -191,6 +217,13 @@ int main() {
       toy_model model;
       train(transport, model, /*steps=*/5);
     });
+    setenv("STELLATRAIN_CLUSTERS", "2,2", /*overwrite=*/1);
+    stellatrain::run_in_process_clusters(
+        stellatrain::cluster_topology::parse("2,2"),
+        [](stellatrain::in_process_transport& lan, stellatrain::in_process_transport& wan) {
+          toy_model model;
+          train_in_clusters(lan, wan, model, /*steps=*/5);
+        });
     std::printf("every README block ran (adamw: w[3] = %.6f)\n", static_cast<double>(w3));
     return 0;
   } catch (const std::exception& e) {
