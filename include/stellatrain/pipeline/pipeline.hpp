@@ -839,6 +839,15 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     if (!ok) throw_error(errc::timeout, "pipeline: timed out in " + what);
   }
 
+  // Sequential latencies one bucket's exchange waits: P - 1 for the ring all-gather, else 1
+  // (the direct all-gather, the hierarchical exchange's one message to each peer).
+  double rounds_per_exchange() const noexcept {
+    if (hierarchical()) return 1.0;
+    const bool ring = options_.algorithm == allgather_algorithm::ring ||
+                      (options_.algorithm == allgather_algorithm::automatic && ranks_ > 4);
+    return ring ? static_cast<double>(ranks_ - 1) : 1.0;
+  }
+
   exchange_cost_model cost_model(double bytes_per_element) const {
     if (hierarchical()) {
       // A cluster's uplink carries each of its G owners' selections (1/G of the elements each)
@@ -857,9 +866,7 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
               .latency_rounds =
                   std::ceil(static_cast<double>(buckets_.size()) / std::max(threads, 1.0))};
     }
-    const bool ring = options_.algorithm == allgather_algorithm::ring ||
-                      (options_.algorithm == allgather_algorithm::automatic && ranks_ > 4);
-    const double rounds = ring ? static_cast<double>(ranks_ - 1) : 1.0;
+    const double rounds = rounds_per_exchange();
     const double threads = static_cast<double>(std::min<std::size_t>(
         static_cast<std::size_t>(options_.exchange_threads), buckets_.size()));
     return {.elements = total_elements_,
@@ -990,8 +997,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   }
 
   // The time the spans cover together and how many disjoint groups they form: buckets whose
-  // exchanges overlap share the link and one latency; one that starts after the others ended
-  // (its gradients came later) waits a latency of its own, and the gap is compute, not link.
+  // exchanges overlap share the link and their latencies; one that starts after the others
+  // ended (its gradients came later) waits its own, and the gap is compute, not link.
   static std::pair<double, double> busy_time(
       std::vector<std::pair<transport_clock::time_point, transport_clock::time_point>>& spans) {
     std::sort(spans.begin(), spans.end());
@@ -1036,7 +1043,7 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
                           .compute_seconds = r.compute_seconds,
                           .link_bytes = r.link_bytes,
                           .bytes_per_element = per_element,
-                          .latency_rounds = busy.second});
+                          .latency_rounds = busy.second * rounds_per_exchange()});
       }
       launch_ready(b);
     }

@@ -30,8 +30,9 @@ struct rank_report {
   double compute_seconds = 0;    ///< the rank's compute time of the step
   std::uint64_t link_bytes = 0;  ///< bytes its link carried in the step, by the cost model
   double bytes_per_element = 0;  ///< packed bytes per selected element in the step
-  /// Disjoint spans its exchanges formed (exchanges that overlap in time count once): each
-  /// waited one latency, so the link's transfer time is exchange_seconds less that many.
+  /// Sequential latencies its exchanges waited: the disjoint spans they formed in time
+  /// (overlapping exchanges count once) times the rounds of one exchange (P - 1 for a ring);
+  /// the link's transfer time is exchange_seconds less that many latencies.
   double latency_rounds = 0;
 };
 
