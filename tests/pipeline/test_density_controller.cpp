@@ -126,11 +126,21 @@ TEST_CASE("controller respects its bounds and validates options", "[controller]"
 
 namespace {
 
+// 1M elements between 2 ranks, 5 bytes a pair, 100 bytes of headers, one latency per exchange.
+constexpr exchange_cost_model latency_model{.elements = 1'000'000,
+                                            .ranks = 2,
+                                            .bytes_per_element = 5.0,
+                                            .header_bytes = 100,
+                                            .latency_rounds = 1};
+constexpr density_controller_options latency_options{.min_density = 1e-4, .max_density = 0.1};
+// The transfer gets half of 0.95 * 5 ms at 12.5 MB/s: 29.7 kB, (29.7k - 100) / 5M = 0.0059.
+constexpr double latency_bound_expected = (0.5 * 0.95 * 0.005 * 12.5e6 - 100) / (1e6 * 5.0);
+
 // Runs a controller for 60 steps of a 100 Mbit/s link with 10 ms latency and 5 ms of compute
 // (the latency alone exceeds the compute); the link's exchanges went through `measured_rounds`
 // rounds of latency (0: as the model says). Returns the density it holds at the end.
-double latency_bound_density(const exchange_cost_model& model, density_controller_options o,
-                             double measured_rounds) {
+double latency_bound_density(density_controller_options o, double measured_rounds) {
+  const exchange_cost_model& model = latency_model;
   o.latency_seconds = 0.010;
   adaptive_density_controller c(model, o);
   const double rounds = measured_rounds > 0 ? measured_rounds : model.latency_rounds;
@@ -147,34 +157,18 @@ double latency_bound_density(const exchange_cost_model& model, density_controlle
 }  // namespace
 
 TEST_CASE("controller: a latency above the compute leaves the transfer its share", "[controller]") {
-  const exchange_cost_model model{.elements = 1'000'000,
-                                  .ranks = 2,
-                                  .bytes_per_element = 5.0,
-                                  .header_bytes = 100,
-                                  .latency_rounds = 1};
-  // The transfer gets half of 0.95 * 5 ms at 12.5 MB/s: 29.7 kB, (29.7k - 100) / 5M = 0.0059.
-  const double expected = (0.5 * 0.95 * 0.005 * 12.5e6 - 100) / (1e6 * 5.0);
-  const density_controller_options o{.min_density = 1e-4, .max_density = 0.1};
-  CHECK(latency_bound_density(model, o, 0) == Approx(expected).epsilon(0.06));
+  CHECK(latency_bound_density(latency_options, 0) == Approx(latency_bound_expected).epsilon(0.06));
   // Without the share the density falls to its floor, as no density hides the exchange.
-  auto none = o;
+  auto none = latency_options;
   none.latency_bound_share = 0;
-  CHECK(latency_bound_density(model, none, 0) == 1e-4);
+  CHECK(latency_bound_density(none, 0) == 1e-4);
 }
 
 TEST_CASE("controller: measured latency rounds keep the bandwidth estimate right", "[controller]") {
   // Buckets whose exchanges did not overlap wait two latencies where the model counts one; the
-  // bandwidth estimate, and with it the density, must not fall for it.
-  const exchange_cost_model model{.elements = 1'000'000,
-                                  .ranks = 2,
-                                  .bytes_per_element = 5.0,
-                                  .header_bytes = 100,
-                                  .latency_rounds = 1};
-  const density_controller_options o{.min_density = 1e-4, .max_density = 0.1};
-  const double with_rounds = latency_bound_density(model, o, 2);
-  // Two rounds of 10 ms already exceed the compute: the transfer still gets its share.
-  const double expected = (0.5 * 0.95 * 0.005 * 12.5e6 - 100) / (1e6 * 5.0);
-  CHECK(with_rounds == Approx(expected).epsilon(0.06));
+  // bandwidth estimate, and with it the density, must not fall for it. Two rounds of 10 ms
+  // exceed the compute as well: the transfer still gets its share.
+  CHECK(latency_bound_density(latency_options, 2) == Approx(latency_bound_expected).epsilon(0.06));
 }
 
 TEST_CASE("density policies", "[controller]") {
