@@ -59,9 +59,13 @@ struct exchange_cost_model {
   /// The density whose exchange takes `seconds` (may fall outside [0, 1]).
   [[nodiscard]] double density_for(double seconds, double bandwidth,
                                    double latency) const noexcept {
+    return density_for_transfer(seconds - latency_rounds * latency, bandwidth);
+  }
+  /// The density whose bytes take `transfer_seconds` on the link, latency aside.
+  [[nodiscard]] double density_for_transfer(double transfer_seconds,
+                                            double bandwidth) const noexcept {
     if (ranks <= 1 || elements == 0) return 1.0;
-    const double bytes =
-        (seconds - latency_rounds * latency) * bandwidth / static_cast<double>(ranks - 1);
+    const double bytes = transfer_seconds * bandwidth / static_cast<double>(ranks - 1);
     return (bytes - header_bytes) / (static_cast<double>(elements) * bytes_per_element);
   }
 };
@@ -239,8 +243,7 @@ class adaptive_density_controller {
     } else {
       fast_steps_ = 0;
     }
-    const double wanted = clamp(model_.density_for(transfer + model_.latency_rounds * latency(),
-                                                   bandwidth_.value, latency()));
+    const double wanted = clamp(model_.density_for_transfer(transfer, bandwidth_.value));
     if (std::fabs(wanted - density_) > options_.dead_band * density_) density_ = wanted;
   }
 

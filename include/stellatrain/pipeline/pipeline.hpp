@@ -849,34 +849,32 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   }
 
   exchange_cost_model cost_model(double bytes_per_element) const {
+    // Buckets' exchanges overlap across the exchange threads: their latencies do too.
+    const double threads = static_cast<double>(std::min<std::size_t>(
+        static_cast<std::size_t>(options_.exchange_threads), buckets_.size()));
+    const double latency_rounds =
+        rounds_per_exchange() *
+        std::ceil(static_cast<double>(buckets_.size()) / std::max(threads, 1.0));
     if (hierarchical()) {
       // A cluster's uplink carries each of its G owners' selections (1/G of the elements each)
       // to each other cluster: per owner, the flat model over C ranks with 1/G of the
       // elements, at the owner's share of the uplink (what it measures, as all G send at once).
       const int c = topology_->cluster_of(transport_.rank());
       const double g = static_cast<double>(topology_->size_of(c));
-      const double threads = static_cast<double>(std::min<std::size_t>(
-          static_cast<std::size_t>(options_.exchange_threads), buckets_.size()));
       return {.elements =
                   static_cast<std::uint64_t>(std::ceil(static_cast<double>(total_elements_) / g)),
               .ranks = static_cast<std::uint32_t>(topology_->clusters()),
               .bytes_per_element = bytes_per_element,
               .header_bytes = 64.0 * static_cast<double>(buckets_.size()) +
                               48.0 * static_cast<double>(tensors_.size()) / g,
-              .latency_rounds =
-                  std::ceil(static_cast<double>(buckets_.size()) / std::max(threads, 1.0))};
+              .latency_rounds = latency_rounds};
     }
-    const double rounds = rounds_per_exchange();
-    const double threads = static_cast<double>(std::min<std::size_t>(
-        static_cast<std::size_t>(options_.exchange_threads), buckets_.size()));
     return {.elements = total_elements_,
             .ranks = static_cast<std::uint32_t>(ranks_),
             .bytes_per_element = bytes_per_element,
             .header_bytes = 64.0 * static_cast<double>(buckets_.size()) +
                             48.0 * static_cast<double>(tensors_.size()),
-            // Buckets' exchanges overlap across the exchange threads: their latencies do too.
-            .latency_rounds =
-                rounds * std::ceil(static_cast<double>(buckets_.size()) / std::max(threads, 1.0))};
+            .latency_rounds = latency_rounds};
   }
 
   // ---------------------------------------------------------------- stages
@@ -993,7 +991,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     sparse_allgather(transport_, std::span<const std::byte>(slot.message),
                      std::span<message_buffer>(slot.received),
                      {.tag = tag, .timeout = options_.timeout, .algorithm = options_.algorithm});
-    finish_exchange(b, step, t0, static_cast<std::uint64_t>(ranks_ - 1) * slot.message.size());
+    finish_exchange(b, step, t0, transport_clock::now(),
+                    static_cast<std::uint64_t>(ranks_ - 1) * slot.message.size());
   }
 
   // The time the spans cover together and how many disjoint groups they form: buckets whose
@@ -1014,13 +1013,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     return {busy, groups};
   }
 
-  // The exchange of bucket b at `step` ended (it began at t0; this rank's link carried
-  // `link` bytes for it).
-  void finish_exchange(std::size_t b, std::int64_t step, transport_clock::time_point t0,
-                       std::uint64_t link) {
-    finish_exchange(b, step, t0, transport_clock::now(), link);
-  }
-  // The same, with the span [t0, t1] the link was busy for it.
+  // The exchange of bucket b at `step` ended; the link was busy for it during [t0, t1] and
+  // carried `link` bytes of this rank's.
   void finish_exchange(std::size_t b, std::int64_t step, transport_clock::time_point t0,
                        transport_clock::time_point t1, std::uint64_t link) {
     {
