@@ -75,10 +75,14 @@ class shuffling_transport {
     std::shared_ptr<send_state> state_;
   };
 
-  shuffling_transport(Inner inner, std::uint64_t seed, std::chrono::microseconds max_delay)
+  // `chunk_bytes`: what the collectives (and the hierarchical exchange) cut messages into on
+  // this transport (`preferred_chunk_bytes`; 0: whole messages).
+  shuffling_transport(Inner inner, std::uint64_t seed, std::chrono::microseconds max_delay,
+                      std::size_t chunk_bytes = std::size_t{256} << 10)
       : inner_(std::move(inner)),
         rng_(seed),
         max_delay_(max_delay),
+        chunk_bytes_(chunk_bytes),
         releaser_([this](std::stop_token st) { run(st); }) {}
 
   ~shuffling_transport() {
@@ -89,6 +93,7 @@ class shuffling_transport {
 
   [[nodiscard]] int rank() const noexcept { return inner_.rank(); }
   [[nodiscard]] int size() const noexcept { return inner_.size(); }
+  [[nodiscard]] std::size_t preferred_chunk_bytes() const noexcept { return chunk_bytes_; }
 
   request_type isend(int dest, tag_type tag, std::span<const std::byte> bytes) {
     auto state = std::make_shared<send_state>();
@@ -156,6 +161,7 @@ class shuffling_transport {
   std::uint64_t order_ = 0;
   std::mt19937_64 rng_;
   std::chrono::microseconds max_delay_;
+  std::size_t chunk_bytes_;
   std::jthread releaser_;
 };
 

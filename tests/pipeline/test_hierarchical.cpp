@@ -34,13 +34,15 @@ template <class Compressor>
 std::vector<params_t> train_hierarchical(const cluster_topology& topo, Compressor (*make)(),
                                          double density, std::int64_t steps, pipeline_options opt,
                                          const std::vector<std::uint64_t>& tensor_sizes = sizes,
-                                         std::vector<pipeline_stats>* stats = nullptr) {
+                                         std::vector<pipeline_stats>* stats = nullptr,
+                                         std::size_t wan_chunk_bytes = std::size_t{256} << 10) {
   std::vector<params_t> result(static_cast<std::size_t>(topo.ranks()));
   if (stats) stats->assign(static_cast<std::size_t>(topo.ranks()), {});
   run_in_process_clusters(topo, [&](in_process_transport& lan, in_process_transport& wan) {
     const int r = wan.rank();
     test::shuffling_transport<in_process_transport> shuffled(
-        std::move(wan), 17 + static_cast<std::uint64_t>(r), std::chrono::microseconds(300));
+        std::move(wan), 17 + static_cast<std::uint64_t>(r), std::chrono::microseconds(300),
+        wan_chunk_bytes);
     using T = test::shuffling_transport<in_process_transport>;
     // Both tiers of one type: the LAN shuffled too.
     T shuffled_lan(std::move(lan), 71 + static_cast<std::uint64_t>(r),
@@ -89,6 +91,24 @@ TEST_CASE("hierarchical: every rank of 2 clusters of 2 holds bit-identical param
     CHECK(s.elements_sent > 0);
     CHECK(s.link_bytes > 0);
   }
+}
+
+TEST_CASE("hierarchical: the WAN messages in chunks give the same parameters as whole",
+          "[pipeline][hierarchical]") {
+  // Chunks of 100 bytes cut every selection into several (and one not a multiple of the
+  // chunk); 0 sends each whole. Staleness 0: with 1 the forward pass may read a step's update
+  // or not, as timing has it, and two runs need not agree.
+  const auto run = [](std::size_t chunk) {
+    return train_hierarchical(
+        cluster_topology::parse("2,2"),
+        +[] { return error_feedback_compressor<threshold_selector<>, bf16>(); }, 0.05, 12,
+        {.bucket_bytes = 20000, .staleness = 0, .exchange_threads = 2}, sizes, nullptr, chunk);
+  };
+  const auto whole = run(0);
+  require_identical(whole);
+  const auto chunked = run(100);
+  require_identical(chunked);
+  CHECK(chunked[0] == whole[0]);
 }
 
 TEST_CASE("hierarchical: without compression it trains as the flat pipeline does",

@@ -270,19 +270,50 @@ class hierarchical_bucket {
     res.selection_bytes = messages_[message_of[0]].size();
     wan_ws_.release_requests();
     res.wan_begin = transport_clock::now();
+    // Each message as its length and then chunks of the transport's preferred size, as the
+    // collectives send theirs: on MPI a whole message above the eager limit would wait for a
+    // rendezvous round trip, and TCP would idle during it.
+    const std::uint64_t chunk = chunk_bytes_for(wan, auto_chunk_bytes);
+    auto& lengths = wan_ws_.lengths;  // the peers' lengths, then those of the distinct messages
+    lengths.resize(peers.size() + distinct);
+    for (std::size_t m = 0; m < distinct; ++m)
+      lengths[peers.size() + m] = encode_length(messages_[m].size());
     run_collective(wan, wan_ws_, /*abort_on_failure=*/true, [&] {
       for (std::size_t q = 0; q < peers.size(); ++q)
-        wan_ws_.recvs.push_back(wan.irecv(peers[q].rank, tag, received_[q]));
+        wan_ws_.recvs.push_back(wan.irecv(peers[q].rank, tag, lengths[q]));
       for (std::size_t q = 0; q < peers.size(); ++q) {
-        const auto& m = messages_[message_of[q]];
-        wan_ws_.sends.push_back(wan.isend(peers[q].rank, tag, std::span<const std::byte>(m)));
+        const std::span<const std::byte> m(messages_[message_of[q]]);
+        wan_ws_.sends.push_back(
+            wan.isend(peers[q].rank, tag, lengths[peers.size() + message_of[q]]));
+        for (std::uint64_t c = 0; c < message_chunk_count(m.size(), chunk); ++c)
+          wan_ws_.sends.push_back(wan.isend(peers[q].rank, tag, message_chunk(m, chunk, c)));
         res.wan_bytes += m.size();
       }
+      auto who = [&](std::size_t q) {
+        return "rank " + std::to_string(peers[q].rank) + " (cluster " +
+               std::to_string(peers[q].cluster) + ")";
+      };
+      std::vector<std::size_t>& first_chunk = wan_ws_.marks;
+      first_chunk.assign(peers.size() + 1, 0);
       for (std::size_t q = 0; q < peers.size(); ++q) {
-        await(wan_ws_.recvs[q], ctx, [&] {
-          return "the selection of rank " + std::to_string(peers[q].rank) + " (cluster " +
-                 std::to_string(peers[q].cluster) + ")";
-        });
+        await(wan_ws_.recvs[q], ctx, [&] { return "the length of the selection of " + who(q); });
+        const std::uint64_t n =
+            decode_length(lengths[q], allgather_options{}.max_message_bytes, ctx, peers[q].rank);
+        received_[q].resize_for_overwrite(static_cast<std::size_t>(n));
+        first_chunk[q] = wan_ws_.recvs.size();
+        for (std::uint64_t c = 0; c < message_chunk_count(n, chunk); ++c)
+          wan_ws_.recvs.push_back(
+              wan.irecv(peers[q].rank, tag, message_chunk(received_[q].span(), chunk, c)));
+      }
+      first_chunk[peers.size()] = wan_ws_.recvs.size();
+      for (std::size_t q = 0; q < peers.size(); ++q) {
+        for (std::size_t i = first_chunk[q]; i < first_chunk[q + 1]; ++i) {
+          await(wan_ws_.recvs[i], ctx, [&] {
+            return "chunk " + std::to_string(i - first_chunk[q] + 1) + " of " +
+                   std::to_string(first_chunk[q + 1] - first_chunk[q]) + " of the selection of " +
+                   who(q);
+          });
+        }
       }
       await_sends(wan_ws_, ctx);
     });

@@ -32,18 +32,12 @@ void allgather_ring(Transport& t, std::span<const std::byte> mine, std::span<mes
   const int right = ring_index(r + 1, p);
   const int left = ring_index(r - 1, p);
   const std::uint64_t chunk = chunk_bytes_for(t, opt.chunk_bytes);
-  auto piece = [&]<class Byte>(std::span<Byte> m, std::uint64_t c) {
-    if (chunk == 0) return m;
-    const std::uint64_t b = c * chunk;
-    return m.subspan(static_cast<std::size_t>(b),
-                     static_cast<std::size_t>(std::min<std::uint64_t>(chunk, m.size() - b)));
-  };
   ws.lengths.resize(static_cast<std::size_t>(p));
   ws.lengths[static_cast<std::size_t>(r)] = encode_length(mine.size());
   ws.sends.push_back(t.isend(right, opt.tag, ws.lengths[static_cast<std::size_t>(r)]));
   const std::uint64_t own_chunks = message_chunk_count(mine.size(), chunk);
   for (std::uint64_t c = 0; c < own_chunks; ++c)
-    ws.sends.push_back(t.isend(right, opt.tag, piece(mine, c)));
+    ws.sends.push_back(t.isend(right, opt.tag, message_chunk(mine, chunk, c)));
 
   // Step s receives (from the left) the message of rank r-s-1 and, unless the right
   // neighbour is its origin, forwards each chunk as soon as it has arrived.
@@ -65,7 +59,7 @@ void allgather_ring(Transport& t, std::span<const std::byte> mine, std::span<mes
     const std::uint64_t chunks = message_chunk_count(n, chunk);
     ws.recvs.clear();
     for (std::uint64_t c = 0; c < chunks; ++c) {
-      ws.recvs.push_back(t.irecv(left, opt.tag, piece(dst.span(), c)));
+      ws.recvs.push_back(t.irecv(left, opt.tag, message_chunk(dst.span(), chunk, c)));
     }
     // Post the next length behind this message's chunks (same source and tag: order holds).
     if (s + 1 < p - 1)
@@ -75,7 +69,9 @@ void allgather_ring(Transport& t, std::span<const std::byte> mine, std::span<mes
         return "chunk " + std::to_string(c + 1) + " of " + std::to_string(chunks) + " of rank " +
                std::to_string(origin) + "'s message from rank " + std::to_string(left);
       });
-      if (forward) ws.sends.push_back(t.isend(right, opt.tag, piece(std::as_const(dst).span(), c)));
+      if (forward)
+        ws.sends.push_back(
+            t.isend(right, opt.tag, message_chunk(std::as_const(dst).span(), chunk, c)));
     }
   }
   await_sends(ws, ctx);

@@ -36,18 +36,12 @@ void broadcast_chain(Transport& t, int root, std::span<const std::byte> root_dat
   const int next = ring_index(r + 1, p);
   const bool has_next = pos + 1 < p;
   const std::uint64_t chunk = chunk_bytes_for(t, opt.chunk_bytes);
-  auto piece = [&]<class Byte>(std::span<Byte> m, std::uint64_t c) {
-    if (chunk == 0) return m;
-    const std::uint64_t b = c * chunk;
-    return m.subspan(static_cast<std::size_t>(b),
-                     static_cast<std::size_t>(std::min<std::uint64_t>(chunk, m.size() - b)));
-  };
   ws.lengths.resize(1);
   if (pos == 0) {
     ws.lengths[0] = encode_length(root_data.size());
     ws.sends.push_back(t.isend(next, opt.tag, ws.lengths[0]));
     for (std::uint64_t c = 0; c < message_chunk_count(root_data.size(), chunk); ++c) {
-      ws.sends.push_back(t.isend(next, opt.tag, piece(root_data, c)));
+      ws.sends.push_back(t.isend(next, opt.tag, message_chunk(root_data, chunk, c)));
     }
     await_sends(ws, ctx);
     return;
@@ -64,14 +58,15 @@ void broadcast_chain(Transport& t, int root, std::span<const std::byte> root_dat
   if (has_next) ws.sends.push_back(t.isend(next, opt.tag, ws.lengths[0]));
   const std::uint64_t chunks = message_chunk_count(n, chunk);
   for (std::uint64_t c = 0; c < chunks; ++c)
-    ws.recvs.push_back(t.irecv(prev, opt.tag, piece(dst, c)));
+    ws.recvs.push_back(t.irecv(prev, opt.tag, message_chunk(dst, chunk, c)));
   for (std::uint64_t c = 0; c < chunks; ++c) {
     await(ws.recvs[static_cast<std::size_t>(c)], ctx, [&] {
       return "chunk " + std::to_string(c + 1) + " of " + std::to_string(chunks) + " from rank " +
              std::to_string(prev);
     });
     if (has_next)
-      ws.sends.push_back(t.isend(next, opt.tag, piece(std::span<const std::byte>(dst), c)));
+      ws.sends.push_back(
+          t.isend(next, opt.tag, message_chunk(std::span<const std::byte>(dst), chunk, c)));
   }
   await_sends(ws, ctx);
 }

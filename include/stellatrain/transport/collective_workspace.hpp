@@ -129,6 +129,15 @@ inline std::uint64_t message_chunk_count(std::uint64_t n, std::uint64_t chunk) n
   return (n - 1) / chunk + 1;
 }
 
+// Chunk c of message m cut into `chunk`-byte pieces (the whole message for chunk 0).
+template <class Byte>
+std::span<Byte> message_chunk(std::span<Byte> m, std::uint64_t chunk, std::uint64_t c) noexcept {
+  if (chunk == 0) return m;
+  const std::uint64_t b = c * chunk;
+  return m.subspan(static_cast<std::size_t>(b),
+                   static_cast<std::size_t>(std::min<std::uint64_t>(chunk, m.size() - b)));
+}
+
 // Runs a collective's body; on failure cancels its requests, aborts the transport when asked
 // (so that every rank fails now instead of at its timeout) and rethrows.
 template <class Transport, class Body>
