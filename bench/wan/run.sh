@@ -17,29 +17,19 @@
 # WAN_CLUSTERS ("2,2": wan-emu's -c), WAN_CC (reno; "host" keeps the host's default
 # congestion control).
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 build=${1:-$root/build/demo}
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
-wan_emu=${WAN_EMU:-$root/../shared/tools/wan-emu}
 backends=${WAN_BACKENDS:-mpi zmq}
 links=${WAN_LINKS:-100mbit:10 1gbit:5}
 clusters=${WAN_CLUSTERS:-2,2}
 ranks=0
 for c in ${clusters//,/ }; do ranks=$((ranks + c)); done
-cc=${WAN_CC:-reno}
-cc_args=()
-[ "$cc" != host ] && cc_args=(--cc "$cc")
 trainer="$build/examples/train_fashion_mnist/train_fashion_mnist"
 
-skip() { echo "WAN training benchmark: skipped: $*"; exit 0; }
-[ -f "$wan_emu" ] || skip "wan-emu not found at $wan_emu (set WAN_EMU)"
-[ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
-for tool in ip tc unshare python3; do command -v "$tool" >/dev/null 2>&1 || skip "needs $tool"; done
-probe="sttrain$$"
-ip netns add "$probe" 2>/dev/null || skip "network namespaces do not work here (ip netns add failed)"
-ip netns del "$probe"
+wan_preflight "WAN training benchmark"
 [ -x "$trainer" ] || { echo "WAN training benchmark: $trainer is missing (build with examples first)" >&2; exit 2; }
 
 for link in $links; do

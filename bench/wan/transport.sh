@@ -27,37 +27,15 @@
 # kernel's stock cubic is not allowed inside namespaces there. The target rows are the
 # collectives' default algorithms; "direct" rows are for information.
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-enforce=0
-if [ "${1:-}" = --enforce ]; then
-  enforce=1
-  shift
-fi
-build=${1:-$root/build/ci}
-wan_emu=${WAN_EMU:-$root/../shared/tools/wan-emu}
-rate=${WAN_RATE:-100mbit}
-delay=${WAN_DELAY_MS:-10}
-target=${WAN_TARGET:-0.85}
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+wan_test_options "$@"
 backends=${WAN_BACKENDS:-zmq mpi}
-cc=${WAN_CC:-reno}
-cc_args=()
-if [ "$cc" != host ]; then
-  cc_args=(--cc "$cc")
-fi
 perf="$build/bench/wan/transport_perf"
 
-skip() { echo "transport WAN test: skipped: $*"; exit 0; }
-[ -f "$wan_emu" ] || skip "wan-emu not found at $wan_emu (set WAN_EMU)"
-[ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
-for tool in ip tc unshare python3; do
-  command -v "$tool" >/dev/null 2>&1 || skip "needs $tool"
-done
-probe="stprobe$$"
-if ! ip netns add "$probe" 2>/dev/null; then skip "network namespaces do not work here (ip netns add failed)"; fi
-ip netns del "$probe"
+wan_preflight "transport WAN test"
 [ -x "$perf" ] || { echo "transport WAN test: $perf is missing (build the ci preset first)" >&2; exit 2; }
 
-mbit=$(python3 -c "import re,sys; r=sys.argv[1]; n=float(re.match(r'[0-9.]+', r).group()); u=r[len(re.match(r'[0-9.]+', r).group()):]; print(n*{'kbit':1e-3,'mbit':1,'gbit':1e3}[u])" "$rate")
+mbit=$(wan_mbit "$rate")
 args=(--link-mbit "$mbit" --allgather 800000 --allreduce 10000000)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
