@@ -66,7 +66,8 @@ TEMPLATE_TEST_CASE("a restored state continues bit-identically", "[optim][state]
     cases = {
         {.lr = 1e-2f},
         {.lr = 1e-2f, .weight_decay = 0.1f, .decay = weight_decay_mode::decoupled, .amsgrad = true},
-        {.lr = 1e-2f, .amsgrad = true, .step_mode = step_count::per_element}};
+        {.lr = 1e-2f, .amsgrad = true, .step_mode = step_count::per_element},
+        {.lr = 1e-2f, .formula = adam_formula::sparse_adam}};
   }
   for (const auto& o : cases) {
     TestType a(o);
@@ -236,6 +237,12 @@ TEST_CASE("a state of another optimizer or shape is refused", "[optim][state][er
     register_tensors(b);
     CHECK(
         contains(error_message([&] { b.load_state(bytes); }, errc::invalid_argument), "decoupled"));
+  }
+  {
+    adam_optimizer b({.lr = 1e-2f, .amsgrad = true, .formula = adam_formula::sparse_adam});
+    register_tensors(b);
+    CHECK(contains(error_message([&] { b.load_state(bytes); }, errc::invalid_argument),
+                   "this optimizer has [amsgrad, SparseAdam formula]"));
   }
   {
     sgd_optimizer s({.lr = 0.1f, .momentum = 0.9f});

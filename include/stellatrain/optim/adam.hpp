@@ -30,6 +30,12 @@ namespace stellatrain {
 
 namespace detail {
 
+// -lr * sqrt(1 - beta2^k) / (1 - beta1^k): the step size of torch.optim.SparseAdam.
+[[nodiscard]] inline float adam_sparse_step(float lr, const adam_bias_terms& b) noexcept {
+  return static_cast<float>(-static_cast<double>(lr) * static_cast<double>(b.inv_bias_correction1) /
+                            static_cast<double>(b.inv_sqrt_bias_correction2));
+}
+
 template <bool Amsgrad, bool Coupled, bool Decoupled>
 struct adam_rule {
   static constexpr std::size_t state_arrays = Amsgrad ? 3 : 2;
@@ -39,6 +45,7 @@ struct adam_rule {
   adam_scalars scalars;
   float lr = 0.0f;
   const adam_bias_table* table = nullptr;  // per-element steps only
+  bool sparse_formula = false;             // adam_formula::sparse_adam
 
   template <class T>
   STELLATRAIN_FORCE_INLINE void apply(T& p, T g, T& m, T& v, T& vmax,
@@ -51,8 +58,13 @@ struct adam_rule {
                                               const adam_coeffs<float>& c) const noexcept {
     const adam_bias_terms b = table->at(std::uint64_t{earlier_steps} + 1);
     adam_coeffs<float> e = c;
-    e.neg_step_size = -lr * b.inv_bias_correction1;
-    e.inv_sqrt_bias_correction2 = b.inv_sqrt_bias_correction2;
+    if (sparse_formula) {
+      e.neg_step_size = adam_sparse_step(lr, b);
+      e.inv_sqrt_bias_correction2 = 1.0f;
+    } else {
+      e.neg_step_size = -lr * b.inv_bias_correction1;
+      e.inv_sqrt_bias_correction2 = b.inv_sqrt_bias_correction2;
+    }
     adam_update<Amsgrad, Coupled, Decoupled>(p, g, m, v, vmax, e);
   }
 };
@@ -64,6 +76,14 @@ enum class weight_decay_mode : std::uint8_t {
   l2 = 0,         ///< Adam: added to the gradient, `g += weight_decay * p` (torch.optim.Adam)
   decoupled = 1,  ///< AdamW: `p *= 1 - lr * weight_decay` before the update (torch.optim.AdamW)
 };
+
+/// Where Adam's eps enters, as the two PyTorch optimizers place it (step k, bias corrections
+/// bc1 = 1 - beta1^k, bc2 = 1 - beta2^k):
+/// - `adam`: `p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)` (torch.optim.Adam, AdamW);
+/// - `sparse_adam`: `p -= lr * sqrt(bc2) / bc1 * m / (sqrt(v) + eps)` (torch.optim.SparseAdam).
+/// The two agree when eps is small against sqrt(v) / sqrt(bc2); for gradients near eps they
+/// do not (at |g| = 1e-8, step 1 and default betas: 0.5 * lr against 0.031 * lr).
+enum class adam_formula : std::uint8_t { adam = 0, sparse_adam = 1 };
 
 /// Options of `adam_optimizer`, with PyTorch's meaning and defaults (`torch.optim.Adam`).
 /// For AdamW set `.decay = weight_decay_mode::decoupled` (PyTorch's AdamW default weight
@@ -79,6 +99,9 @@ struct adam_options {
   bool maximize = false;  ///< ascend instead of descend
   step_count step_mode = step_count::per_tensor;  ///< step used by sparse bias correction
   nonfinite_policy nonfinite = nonfinite_policy::skip_elements;
+  /// torch.optim.Adam's placement of eps (the default), or torch.optim.SparseAdam's: with
+  /// `step_mode = per_tensor` and sparse steps, `sparse_adam` is SparseAdam's update.
+  adam_formula formula = adam_formula::adam;
 };
 
 /// PyTorch's AdamW defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2.
@@ -95,6 +118,7 @@ inline constexpr adam_options adamw_defaults{.weight_decay = 1e-2f,
 ///   v = beta2 * v + (1 - beta2) * g * g
 ///   amsgrad: vmax = max(vmax, v), v' = vmax   (one maximum per element)
 ///   p -= lr / (1 - beta1^k) * m / (sqrt(v') / sqrt(1 - beta2^k) + eps)
+///   (formula sparse_adam: p -= lr * sqrt(1 - beta2^k) / (1 - beta1^k) * m / (sqrt(v') + eps))
 /// \endcode
 /// All arithmetic is fp32; the bias-correction factors are computed per step in double and
 /// rounded (within an ulp or two of PyTorch).
@@ -109,8 +133,9 @@ inline constexpr adam_options adamw_defaults{.weight_decay = 1e-2f,
 ///
 /// Registration (`add_tensor`), the dense and sparse `step`, `params`, step counts and
 /// checkpoints (`save_state`, `load_state`) are common to the optimizers and documented in
-/// optim/detail/optimizer_base.hpp. `load_state` requires the saved state's l2 / decoupled,
-/// amsgrad, maximize and step mode to match, and takes over its lr, betas, eps and weight decay.
+/// optim/detail/optimizer_base.hpp. `load_state` requires the saved state's formula, l2 /
+/// decoupled, amsgrad, maximize and step mode to match, and takes over its lr, betas, eps and
+/// weight decay.
 ///
 /// Thread safety: steps on different tensors may run concurrently; `add_tensor`,
 /// `set_learning_rate` and `load_state` must not overlap any other call. Steps never allocate.
@@ -167,12 +192,20 @@ class adam_optimizer : public detail::optimizer_base<adam_optimizer> {
     s.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(o.beta2));
     s.eps = o.eps;
     const detail::adam_bias_terms b = detail::adam_bias_terms_at(o.beta1, o.beta2, step);
-    s.neg_step_size = -o.lr * b.inv_bias_correction1;
-    s.inv_sqrt_bias_correction2 = b.inv_sqrt_bias_correction2;
+    const bool sparse_formula = o.formula == adam_formula::sparse_adam;
+    if (sparse_formula) {
+      s.neg_step_size = detail::adam_sparse_step(o.lr, b);
+      s.inv_sqrt_bias_correction2 = 1.0f;
+    } else {
+      s.neg_step_size = -o.lr * b.inv_bias_correction1;
+      s.inv_sqrt_bias_correction2 = b.inv_sqrt_bias_correction2;
+    }
     const bool wd = o.weight_decay != 0.0f;
     const bool coupled = wd && o.decay == weight_decay_mode::l2;
     const bool decoupled = wd && o.decay == weight_decay_mode::decoupled;
-    auto run = [&]<bool A, bool C, bool D>() { f(detail::adam_rule<A, C, D>{s, o.lr, &table_}); };
+    auto run = [&]<bool A, bool C, bool D>() {
+      f(detail::adam_rule<A, C, D>{s, o.lr, &table_, sparse_formula});
+    };
     if (o.amsgrad) {
       coupled     ? run.template operator()<true, true, false>()
       : decoupled ? run.template operator()<true, false, true>()
@@ -237,6 +270,7 @@ class adam_optimizer : public detail::optimizer_base<adam_optimizer> {
     if (options_.step_mode == step_count::per_element) f |= fl::per_element_steps;
     if (options_.amsgrad) f |= fl::adam_amsgrad;
     if (options_.decay == weight_decay_mode::decoupled) f |= fl::adam_decoupled;
+    if (options_.formula == adam_formula::sparse_adam) f |= fl::adam_sparse_formula;
     return f;
   }
   [[nodiscard]] std::uint32_t arrays_mask() const noexcept {

@@ -56,7 +56,8 @@ inline constexpr std::uint32_t per_element_steps = 1u << 1;
 inline constexpr std::uint32_t sgd_momentum = 1u << 8;  ///< momentum != 0
 inline constexpr std::uint32_t sgd_nesterov = 1u << 9;
 inline constexpr std::uint32_t adam_amsgrad = 1u << 8;
-inline constexpr std::uint32_t adam_decoupled = 1u << 9;  ///< AdamW weight decay
+inline constexpr std::uint32_t adam_decoupled = 1u << 9;        ///< AdamW weight decay
+inline constexpr std::uint32_t adam_sparse_formula = 1u << 10;  ///< adam_formula::sparse_adam
 }  // namespace optimizer_state_flags
 
 /// What a saved state holds, as read and verified by `read_optimizer_state_info`.
@@ -101,6 +102,7 @@ inline std::string describe_state_flags(optimizer_kind k, std::uint32_t f) {
   } else {
     add(f & fl::adam_amsgrad, "amsgrad");
     add(f & fl::adam_decoupled, "decoupled weight decay");
+    add(f & fl::adam_sparse_formula, "SparseAdam formula");
   }
   return s.empty() ? std::string("none") : s;
 }

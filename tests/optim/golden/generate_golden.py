@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Writes torch_golden.inc: parameters after every step of torch.optim.SGD / Adam / AdamW for
-fixed initial parameters, gradients and hyper-parameters, as exact hexadecimal float literals.
+"""Writes torch_golden.inc: parameters after every step of torch.optim.SGD / Adam / AdamW /
+SparseAdam for fixed initial parameters, gradients and hyper-parameters, as exact hexadecimal
+float literals.
 
 The C++ tests (tests/optim/test_golden.cpp) replay the same gradients through the library's
 optimizers and compare against this table; they do not need torch. Regenerate with
@@ -15,7 +16,9 @@ tests' tolerances account for.
 
 Cases marked "lazy" emulate the library's sparse, per-element-step semantics with PyTorch
 itself: every element is its own one-element parameter with its own torch optimizer, stepped
-only at the steps where the element is touched.
+only at the steps where the element is touched. SparseAdam cases are sparse by nature: one
+sparse gradient per step holding the touched elements (all of them unless "lazy"), the step
+count per tensor.
 """
 import math
 import struct
@@ -66,6 +69,9 @@ def make_optimizer(kind, params, hp):
         return torch.optim.SGD(params, lr=hp["lr"], momentum=hp["momentum"], dampening=hp["dampening"],
                                weight_decay=hp["weight_decay"], nesterov=hp["nesterov"],
                                maximize=hp["maximize"], foreach=False)
+    if kind == "sparse_adam":
+        return torch.optim.SparseAdam(params, lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
+                                      maximize=hp["maximize"])
     cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
     return cls(params, lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
                weight_decay=hp["weight_decay"], amsgrad=hp["amsgrad"], maximize=hp["maximize"],
@@ -78,6 +84,18 @@ def run_dense(kind, hp, init, grads):
     out = []
     for row in grads:
         p.grad = torch.tensor(row, dtype=torch.float32)
+        opt.step()
+        out.append(p.detach().tolist())
+    return out
+
+
+def run_sparse(kind, hp, init, grads, mask):
+    p = torch.tensor(init, dtype=torch.float32, requires_grad=True)
+    opt = make_optimizer(kind, [p], hp)
+    out = []
+    for t, row in enumerate(grads):
+        idx = [i for i in range(N) if mask[t][i]]
+        p.grad = torch.sparse_coo_tensor([idx], [row[i] for i in idx], (N,), dtype=torch.float32)
         opt.step()
         out.append(p.detach().tolist())
     return out
@@ -122,6 +140,13 @@ CASES = [
     ("lazy_sgd_momentum_dampening", "sgd", dict(lr=0.05, momentum=0.8, dampening=0.3), 17, 1.0, True),
     ("lazy_adam_l2", "adam", dict(lr=0.02, weight_decay=0.1, eps=0.01), 18, 0.01, True),
     ("lazy_adamw_amsgrad", "adamw", dict(lr=0.02, weight_decay=0.2, amsgrad=True, beta2=0.9), 19, 1.0, True),
+    # torch.optim.SparseAdam (eps added to sqrt(v), sqrt(bc2) in the step size): every element,
+    # then touched subsets with small, tiny (of the order of eps), large and maximized gradients
+    ("sparse_adam_all", "sparse_adam", dict(lr=0.01), 20, 1.0, False),
+    ("sparse_adam_small", "sparse_adam", dict(lr=0.01), 21, 1e-3, True),
+    ("sparse_adam_tiny", "sparse_adam", dict(lr=0.01), 22, 1e-8, True),
+    ("sparse_adam_large", "sparse_adam", dict(lr=0.02, beta1=0.8, beta2=0.99), 23, 100.0, True),
+    ("sparse_adam_large_eps_maximize", "sparse_adam", dict(lr=0.05, eps=0.01, beta2=0.95, maximize=True), 24, 0.01, True),
 ]
 
 
@@ -147,7 +172,10 @@ def main():
             hp[k] = f32(hp[k])
         init, grads = inputs(seed, scale)
         mask = touched_mask(seed) if lazy else [[1] * N for _ in range(STEPS)]
-        expected = run_lazy(kind, hp, init, grads, mask) if lazy else run_dense(kind, hp, init, grads)
+        if kind == "sparse_adam":
+            expected = run_sparse(kind, hp, init, grads, mask)
+        else:
+            expected = run_lazy(kind, hp, init, grads, mask) if lazy else run_dense(kind, hp, init, grads)
         out.write(f"// {name}\n")
         out.write("golden_case{\n")
         out.write(f"  \"{name}\", golden_kind::{kind}, {'true' if lazy else 'false'},\n")
