@@ -58,7 +58,8 @@ if(NOT _nccl_deps MATCHES "\"nccl\"" OR NOT _nccl_deps MATCHES "\"cuda\"")
 endif()
 
 file(READ "${PORT_DIR}/portfile.cmake" _portfile)
-foreach(call vcpkg_cmake_configure vcpkg_cmake_install vcpkg_cmake_config_fixup vcpkg_install_copyright)
+foreach(call vcpkg_cmake_configure vcpkg_cmake_install vcpkg_cmake_config_fixup vcpkg_fixup_pkgconfig
+             vcpkg_install_copyright)
   if(NOT _portfile MATCHES "${call}")
     message(FATAL_ERROR "portfile.cmake does not call ${call}")
   endif()

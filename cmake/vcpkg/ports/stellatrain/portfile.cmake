@@ -31,6 +31,7 @@ vcpkg_cmake_configure(
 vcpkg_cmake_install()
 
 vcpkg_cmake_config_fixup(CONFIG_PATH share/stellatrain)
+vcpkg_fixup_pkgconfig()  # share/pkgconfig: stellatrain.pc and one per transport component
 
 file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/lib" "${CURRENT_PACKAGES_DIR}/share/doc")
 
