@@ -129,7 +129,7 @@ inline std::uint64_t message_chunk_count(std::uint64_t n, std::uint64_t chunk) n
   return (n - 1) / chunk + 1;
 }
 
-// Chunk c of message m cut into `chunk`-byte pieces (the whole message for chunk 0).
+// Chunk c of message m cut into `chunk`-byte pieces (the whole message when `chunk` is 0).
 template <class Byte>
 std::span<Byte> message_chunk(std::span<Byte> m, std::uint64_t chunk, std::uint64_t c) noexcept {
   if (chunk == 0) return m;
