@@ -167,9 +167,9 @@ uplink_use uplink_of(const std::vector<wan_record>& all, const st::cluster_topol
       total_bytes += m.bytes;
       total_seconds += sec;
       durations.push_back(sec);
+      ++out.exchanges;
       if (c.uplink_mbit > 0) use.push_back(m.bytes * 8 / sec / (c.uplink_mbit * 1e6));
     }
-    out.exchanges += use.empty() ? spans.size() : use.size();
     if (!use.empty()) worst = worst < 0 ? median(use) : std::min(worst, median(use));
   }
   out.bytes_per_cluster = total_bytes / topo.clusters() / std::max(measured_steps, 1);

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Configures, builds and runs tests/package/consumer in one mode (see CMakeLists.txt beside).
 cmake_minimum_required(VERSION 3.25)
+include("${CMAKE_CURRENT_LIST_DIR}/run_checked.cmake")
 file(REMOVE_RECURSE "${BINARY_DIR}")
 set(_args -S "${CONSUMER_DIR}" -B "${BINARY_DIR}" -G "${GENERATOR}"
   -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
@@ -48,9 +49,5 @@ if(WITH_ZMQ)
   list(APPEND _programs consumer_zmq)
 endif()
 foreach(program IN LISTS _programs)
-  execute_process(COMMAND "${BINARY_DIR}/${program}" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
-  if(NOT _rc EQUAL 0)
-    message(FATAL_ERROR "${program} exited with ${_rc}:\n${_out}\n${_err}")
-  endif()
-  message(STATUS "${program}: ${_out}")
+  stellatrain_run_checked("${BINARY_DIR}/${program}" "${program}")
 endforeach()

@@ -3,6 +3,7 @@
 # installed) with the compiler flags pkg-config gives for the install tree in PREFIX, as a
 # build without CMake would.
 cmake_minimum_required(VERSION 3.25)
+include("${CMAKE_CURRENT_LIST_DIR}/run_checked.cmake")
 file(REMOVE_RECURSE "${BINARY_DIR}")
 file(MAKE_DIRECTORY "${BINARY_DIR}")
 set(ENV{PKG_CONFIG_PATH} "${PREFIX}/${DATADIR}/pkgconfig")
@@ -41,9 +42,5 @@ foreach(entry IN LISTS programs)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "${source} with pkg-config ${module} (${flags}) did not build:\n${out}\n${err}")
   endif()
-  execute_process(COMMAND "${exe}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${module} program failed (${rc}):\n${out}\n${err}")
-  endif()
-  message(STATUS "${module}: ${flags}\n${out}")
+  stellatrain_run_checked("${exe}" "${module} (${flags})")
 endforeach()

@@ -332,3 +332,32 @@ TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {
     CHECK_THROWS_AS(p.push_gradient(0), error);
   });
 }
+
+TEST_CASE("pipeline: step reports count the latencies of the all-gather that runs",
+          "[pipeline][reports]") {
+  // 3 ranks: `automatic` runs the ring (above direct_max_ranks), P - 1 = 2 latencies in
+  // sequence per exchange; `direct` one. One bucket, so one exchange span per step.
+  for (const auto algorithm : {allgather_algorithm::automatic, allgather_algorithm::direct}) {
+    const double expected = algorithm == allgather_algorithm::direct ? 1.0 : 2.0;
+    std::vector<double> rounds(3, -1.0);
+    run_in_process(3, [&](in_process_transport& t) {
+      const int r = t.rank();
+      thread_pool pool{1};
+      pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, float>(),
+                 adam_optimizer({.lr = 1e-3f}),
+                 {.bucket_bytes = std::uint64_t{1} << 30, .staleness = 0, .algorithm = algorithm},
+                 fixed_density{0.1});
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+      p.start();
+      REQUIRE(p.bucket_count() == 1);
+      std::vector<std::vector<float>> params;
+      for (auto n : sizes) params.emplace_back(n);
+      train(p, r, 6, params);
+      const auto [m, observed] = p.last_measurement();
+      CHECK(observed > 0);
+      rounds[static_cast<std::size_t>(r)] = m.latency_rounds;
+    });
+    for (const double x : rounds) CHECK(x == expected);
+  }
+}

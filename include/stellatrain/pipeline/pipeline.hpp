@@ -840,12 +840,12 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   }
 
   // Sequential latencies one bucket's exchange waits: P - 1 for the ring all-gather, else 1
-  // (the direct all-gather, the hierarchical exchange's one message to each peer).
+  // (the direct all-gather, the hierarchical exchange's one message to each peer; a native
+  // collective's count is the backend's and taken as 1).
   double rounds_per_exchange() const noexcept {
-    if (hierarchical()) return 1.0;
-    const bool ring = options_.algorithm == allgather_algorithm::ring ||
-                      (options_.algorithm == allgather_algorithm::automatic && ranks_ > 4);
-    return ring ? static_cast<double>(ranks_ - 1) : 1.0;
+    if (hierarchical() || options_.algorithm == allgather_algorithm::native) return 1.0;
+    const bool direct = allgather_is_direct({.algorithm = options_.algorithm}, ranks_);
+    return direct ? 1.0 : static_cast<double>(ranks_ - 1);
   }
 
   exchange_cost_model cost_model(double bytes_per_element) const {

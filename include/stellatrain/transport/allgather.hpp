@@ -21,6 +21,14 @@
 
 namespace stellatrain {
 
+/// Whether `sparse_allgather` with `opt` over `ranks` ranks runs the direct algorithm (one
+/// message to each peer, one latency) rather than the ring (P - 1 latencies in sequence), when
+/// no native collective takes over.
+[[nodiscard]] constexpr bool allgather_is_direct(const allgather_options& opt, int ranks) noexcept {
+  return opt.algorithm == allgather_algorithm::direct ||
+         (opt.algorithm == allgather_algorithm::automatic && ranks <= opt.direct_max_ranks);
+}
+
 namespace detail {
 
 template <transport Transport>
@@ -215,9 +223,7 @@ void sparse_allgather(Transport& t, std::span<const std::byte> mine, std::span<m
   }
   out[static_cast<std::size_t>(t.rank())].assign(mine);
   if (p == 1) return;
-  const bool direct =
-      opt.algorithm == allgather_algorithm::direct ||
-      (opt.algorithm == allgather_algorithm::automatic && p <= opt.direct_max_ranks);
+  const bool direct = allgather_is_direct(opt, p);
   const auto ctx =
       detail::make_context(t, "sparse_allgather", direct ? "direct" : "ring", opt.tag, opt.timeout);
   detail::run_collective(t, ws, opt.abort_on_failure, [&] {
