@@ -20,8 +20,9 @@ elseif(_isas STREQUAL "host")
     if(_cpu_flags MATCHES " avx2( |$)" AND _cpu_flags MATCHES " fma( |$)" AND _cpu_flags MATCHES " f16c( |$)")
       list(APPEND _isas avx2)
     endif()
-    if(_cpu_flags MATCHES " avx512f( |$)" AND _cpu_flags MATCHES " avx512bw( |$)" AND
-       _cpu_flags MATCHES " avx512dq( |$)" AND _cpu_flags MATCHES " avx512vl( |$)")
+    if(_cpu_flags MATCHES " avx512f( |$)" AND _cpu_flags MATCHES " avx512cd( |$)" AND
+       _cpu_flags MATCHES " avx512bw( |$)" AND _cpu_flags MATCHES " avx512dq( |$)" AND
+       _cpu_flags MATCHES " avx512vl( |$)")
       list(APPEND _isas avx512)
     endif()
   endif()
@@ -32,7 +33,7 @@ file(GLOB _isa_sources CONFIGURE_DEPENDS
   "${CMAKE_CURRENT_SOURCE_DIR}/pack/test_bit_packing.cpp")
 list(FILTER _isa_sources EXCLUDE REGEX "/compress/test_compressor_state\\.cpp$")
 set(_isa_avx2 "-mavx2;-mfma;-mf16c")
-set(_isa_avx512 "-mavx512f;-mavx512bw;-mavx512dq;-mavx512vl;-mavx2;-mfma;-mf16c")
+set(_isa_avx512 "-mavx512f;-mavx512cd;-mavx512bw;-mavx512dq;-mavx512vl;-mavx2;-mfma;-mf16c")
 foreach(_isa IN LISTS _isas)
   string(REPLACE ";" " " _flags "${_isa_${_isa}}")
   check_cxx_compiler_flag("${_flags}" STELLATRAIN_CXX_HAS_${_isa})

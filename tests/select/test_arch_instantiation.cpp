@@ -57,7 +57,7 @@ inline constexpr bool classes_instantiated = false;
 #ifdef STELLATRAIN_TEST_AVX512_ONLY
 #define STELLATRAIN_BELOW_AVX512 0
 template <class Arch>
-inline constexpr bool unit_covers = Arch::version() >= xsimd::avx512f::version();
+inline constexpr bool unit_covers = sd::lane_isa_of<Arch>() == sd::lane_isa::avx512;
 #else
 #define STELLATRAIN_BELOW_AVX512 1
 template <class Arch>
@@ -123,6 +123,59 @@ STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512dq)
 #endif
 #if XSIMD_WITH_AVX512BW
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512bw)
+#endif
+// The architectures of newer xsimd releases: the AVX-512 extensions and AVX-VNNI (12), their
+// 128- and 256-bit forms and plain AVX-512 VL (14.3).
+#define STELLATRAIN_XSIMD_AT_LEAST(major, minor) \
+  (XSIMD_VERSION_MAJOR > (major) ||              \
+   (XSIMD_VERSION_MAJOR == (major) && XSIMD_VERSION_MINOR >= (minor)))
+#if STELLATRAIN_XSIMD_AT_LEAST(12, 0)
+#if XSIMD_WITH_AVXVNNI && STELLATRAIN_BELOW_AVX512
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avxvnni)
+#endif
+#if XSIMD_WITH_AVX512ER
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512er)
+#endif
+#if XSIMD_WITH_AVX512PF
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512pf)
+#endif
+#if XSIMD_WITH_AVX512IFMA
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512ifma)
+#endif
+#if XSIMD_WITH_AVX512VBMI
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512vbmi)
+#endif
+#if XSIMD_WITH_AVX512VNNI_AVX512BW
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512vnni<xsimd::avx512bw>)
+#endif
+#endif
+#if STELLATRAIN_XSIMD_AT_LEAST(12, 0) && !STELLATRAIN_XSIMD_AT_LEAST(14, 0)
+#if XSIMD_WITH_AVX512VNNI_AVX512VBMI
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512vnni<xsimd::avx512vbmi>)
+#endif
+#endif
+#if STELLATRAIN_XSIMD_AT_LEAST(14, 0)
+#if XSIMD_WITH_AVX512VBMI2
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512vbmi2)
+#endif
+#if XSIMD_WITH_AVX512VNNI_AVX512VBMI2
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512vnni<xsimd::avx512vbmi2>)
+#endif
+#endif
+#if STELLATRAIN_XSIMD_AT_LEAST(14, 3)
+#if XSIMD_WITH_AVX && STELLATRAIN_BELOW_AVX512
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx_128)
+#endif
+#if XSIMD_WITH_AVX2 && STELLATRAIN_BELOW_AVX512
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx2_128)
+#endif
+#if XSIMD_WITH_AVX512VL && STELLATRAIN_BELOW_AVX512
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512vl_128)
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512vl_256)
+#endif
+#if XSIMD_WITH_AVX512VL
+STELLATRAIN_INSTANTIATE_CLASSES(xsimd::avx512vl)
+#endif
 #endif
 #if XSIMD_WITH_NEON
 STELLATRAIN_INSTANTIATE_CLASSES(xsimd::neon)

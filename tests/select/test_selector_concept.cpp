@@ -58,8 +58,7 @@ struct counting_source {
   template <class Arch>
   selection_lanes<Arch> load(std::uint64_t i) const {
     for (std::size_t l = 0; l < selection_lanes<Arch>::size; ++l) ++reads[i + l];
-    return xsimd::bitwise_cast<selection_lanes<Arch>>(
-        xsimd::batch<float, Arch>::load_unaligned(x + i));
+    return to_selection_lanes(xsimd::batch<float, Arch>::load_unaligned(x + i));
   }
   std::uint32_t peek(std::uint64_t i) const { return std::bit_cast<std::uint32_t>(x[i]); }
   void prefetch(std::uint64_t) const {}

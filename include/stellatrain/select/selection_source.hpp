@@ -6,6 +6,7 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/detail/simd_lanes.hpp>
+#include <stellatrain/core/detail/xsimd_compat.hpp>
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/float16.hpp>
@@ -23,6 +24,14 @@ namespace stellatrain {
 /// a SIMD selection kernel reads.
 template <class Arch>
 using selection_lanes = xsimd::batch<std::int32_t, Arch>;
+
+/// The raw bits of `x`'s lanes as `selection_lanes` (what a source's `load` returns for fp32
+/// values), the same with every supported xsimd version.
+template <class Arch>
+[[nodiscard]] STELLATRAIN_FORCE_INLINE selection_lanes<Arch> to_selection_lanes(
+    const xsimd::batch<float, Arch>& x) noexcept {
+  return detail::bitcast_lanes<std::int32_t>(x);
+}
 
 /// The elements a selector reads, as raw bits: a tensor as it is (`plain_source`), or values
 /// computed while they are read (`error_feedback_source`: acc = g + r, stored back into r).
@@ -56,8 +65,7 @@ using selection_lanes = xsimd::batch<std::int32_t, Arch>;
 ///     std::bit_cast<std::uint32_t>(x[i]); } template <class Arch>
 ///     stellatrain::selection_lanes<Arch> load(std::uint64_t i) const {
 ///       for (std::size_t l = 0; l < stellatrain::selection_lanes<Arch>::size; ++l) ++reads[i + l];
-///       return xsimd::bitwise_cast<stellatrain::selection_lanes<Arch>>(xsimd::batch<float,
-///       Arch>::load_unaligned(x + i));
+///       return stellatrain::to_selection_lanes(xsimd::batch<float, Arch>::load_unaligned(x + i));
 ///     }
 ///     std::uint32_t peek(std::uint64_t i) const { return std::bit_cast<std::uint32_t>(x[i]); }
 ///     void prefetch(std::uint64_t) const {}
@@ -124,7 +132,7 @@ struct error_feedback_source {
     using fbatch = typename detail::lane_ops<Arch>::fbatch;
     const fbatch acc = fbatch::load_unaligned(g + i) + fbatch::load_unaligned(r + i);
     acc.store_unaligned(r + i);
-    return xsimd::bitwise_cast<selection_lanes<Arch>>(acc);
+    return to_selection_lanes(acc);
   }
   [[nodiscard]] STELLATRAIN_FORCE_INLINE std::uint32_t load_scalar(std::uint64_t i) const noexcept {
     const float acc = g[i] + r[i];
@@ -162,7 +170,7 @@ struct momentum_source {
     const fbatch acc = fbatch::load_unaligned(v + i) + m;
     m.store_unaligned(u + i);
     acc.store_unaligned(v + i);
-    return xsimd::bitwise_cast<selection_lanes<Arch>>(acc);
+    return to_selection_lanes(acc);
   }
   [[nodiscard]] STELLATRAIN_FORCE_INLINE std::uint32_t load_scalar(std::uint64_t i) const noexcept {
     const float m = u[i] * mu + g[i];

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <stellatrain/core/detail/isa_compat.hpp>
+#include <stellatrain/core/detail/xsimd_compat.hpp>
 
 #include <xsimd/xsimd.hpp>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -133,12 +135,17 @@ template <class Arch>
   }
 }
 
+// How good an architecture is, for "better than the unit's own": xsimd's own rank where it
+// has one; from xsimd 13 on, one more than the number of instruction sets its kernels need
+// (each x86 tag needs all that the tags it derives from need, and more).
 template <class Arch>
 constexpr unsigned arch_version() noexcept {
   if constexpr (is_scalar_arch<Arch>) {
     return 0;
-  } else {
+  } else if constexpr (has_arch_version<Arch>) {
     return Arch::version();
+  } else {
+    return 1u + static_cast<unsigned>(std::popcount(cpu_needs<Arch>()));
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/detail/isa_compat.hpp>
+#include <stellatrain/core/detail/xsimd_compat.hpp>
 
 #include <xsimd/xsimd.hpp>
 
@@ -57,7 +58,7 @@ struct lane_ops {
   }
 
   static ibatch load_bits(const float* p) noexcept {
-    return xsimd::bitwise_cast<ibatch>(fbatch::load_unaligned(p));
+    return bitcast_lanes<std::int32_t>(fbatch::load_unaligned(p));
   }
 
   /// `width` 16-bit values zero-extended to 32-bit lanes.

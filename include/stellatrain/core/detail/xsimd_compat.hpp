@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The one place that papers over differences between xsimd versions (Debian 12 ships 8.1;
-// newer releases renamed some functions). Code elsewhere calls these wrappers only.
+// The one place that papers over differences between xsimd versions: Debian 12 ships 8.1,
+// vcpkg 14.3, and between them `hadd` became `reduce_add` (9), `bitwise_cast` took the element
+// type instead of the batch (11), `batch_constant` took the element type and the architecture
+// instead of the batch and architectures lost their `version()` (13). Code elsewhere uses these
+// wrappers only.
 #pragma once
 
 #include <xsimd/xsimd.hpp>
@@ -39,5 +42,31 @@ template <class T, class Arch>
   return xsimd::reduce_max(b);
 #endif
 }
+
+/// The lanes of `x` reinterpreted as `To` (an element type of the same width).
+template <class To, class T, class Arch>
+[[nodiscard]] inline xsimd::batch<To, Arch> bitcast_lanes(const xsimd::batch<T, Arch>& x) noexcept {
+  static_assert(sizeof(To) == sizeof(T), "lanes keep their width");
+#if XSIMD_VERSION_MAJOR < 11
+  return xsimd::bitwise_cast<xsimd::batch<To, Arch>>(x);
+#else
+  return xsimd::bitwise_cast<To>(x);
+#endif
+}
+
+/// The compile-time batch of `Batch` with lanes `Values` (for `xsimd::swizzle` and masks).
+template <class Batch, typename Batch::value_type... Values>
+using batch_constant =
+#if XSIMD_VERSION_MAJOR < 13
+    xsimd::batch_constant<Batch, Values...>;
+#else
+    xsimd::batch_constant<typename Batch::value_type, typename Batch::arch_type, Values...>;
+#endif
+
+/// Whether the xsimd architecture tag `Arch` ranks itself (`Arch::version()`, before xsimd 13).
+template <class Arch>
+inline constexpr bool has_arch_version = requires {
+  Arch::version();
+};
 
 }  // namespace stellatrain::detail

@@ -214,29 +214,26 @@ void store_indices_u32(const std::uint32_t* g, std::size_t count, std::uint32_t 
       // Inclusive prefix sum of the lanes of x.
       if constexpr (width == 8) {
         const batch one_up =
-            xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 1u, 2u, 3u, 4u, 5u, 6u>());
-        x = x +
-            (one_up & batch(xsimd::batch_constant<batch, 0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u>()));
+            xsimd::swizzle(x, batch_constant<batch, 0u, 0u, 1u, 2u, 3u, 4u, 5u, 6u>());
+        x = x + (one_up & batch(batch_constant<batch, 0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u>()));
         const batch two_up =
-            xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 0u, 1u, 2u, 3u, 4u, 5u>());
-        x = x +
-            (two_up & batch(xsimd::batch_constant<batch, 0u, 0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u>()));
+            xsimd::swizzle(x, batch_constant<batch, 0u, 0u, 0u, 1u, 2u, 3u, 4u, 5u>());
+        x = x + (two_up & batch(batch_constant<batch, 0u, 0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u>()));
         const batch four_up =
-            xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 0u, 0u, 0u, 1u, 2u, 3u>());
-        return x + (four_up &
-                    batch(xsimd::batch_constant<batch, 0u, 0u, 0u, 0u, ~0u, ~0u, ~0u, ~0u>()));
+            xsimd::swizzle(x, batch_constant<batch, 0u, 0u, 0u, 0u, 0u, 1u, 2u, 3u>());
+        return x + (four_up & batch(batch_constant<batch, 0u, 0u, 0u, 0u, ~0u, ~0u, ~0u, ~0u>()));
       } else {
-        const batch one_up = xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 1u, 2u>());
-        x = x + (one_up & batch(xsimd::batch_constant<batch, 0u, ~0u, ~0u, ~0u>()));
-        const batch two_up = xsimd::swizzle(x, xsimd::batch_constant<batch, 0u, 0u, 0u, 1u>());
-        return x + (two_up & batch(xsimd::batch_constant<batch, 0u, 0u, ~0u, ~0u>()));
+        const batch one_up = xsimd::swizzle(x, batch_constant<batch, 0u, 0u, 1u, 2u>());
+        x = x + (one_up & batch(batch_constant<batch, 0u, ~0u, ~0u, ~0u>()));
+        const batch two_up = xsimd::swizzle(x, batch_constant<batch, 0u, 0u, 0u, 1u>());
+        return x + (two_up & batch(batch_constant<batch, 0u, 0u, ~0u, ~0u>()));
       }
     };
     auto last_lane = [](batch x) {
       if constexpr (width == 8) {
-        return xsimd::swizzle(x, xsimd::batch_constant<batch, 7u, 7u, 7u, 7u, 7u, 7u, 7u, 7u>());
+        return xsimd::swizzle(x, batch_constant<batch, 7u, 7u, 7u, 7u, 7u, 7u, 7u, 7u>());
       } else {
-        return xsimd::swizzle(x, xsimd::batch_constant<batch, 3u, 3u, 3u, 3u>());
+        return xsimd::swizzle(x, batch_constant<batch, 3u, 3u, 3u, 3u>());
       }
     };
     const batch one(1u);

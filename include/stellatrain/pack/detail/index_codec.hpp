@@ -141,11 +141,12 @@ void count_wider_fixed(const I* d, std::size_t count, const unsigned* t,
       acc[i] = ibatch(0);
     }
     for (; j + width <= count; j += width) {
-      const auto v = xsimd::bitwise_cast<ibatch>(batch::load_unaligned(d + j) ^ sign);
+      const auto v = bitcast_lanes<std::int32_t>(batch::load_unaligned(d + j) ^ sign);
       for (std::size_t i = 0; i < K; ++i)
         acc[i] = acc[i] + xsimd::select(v > limit[i], ibatch(1), ibatch(0));
     }
-    for (std::size_t i = 0; i < K; ++i) counts[i] = static_cast<std::uint32_t>(reduce_add(acc[i]));
+    for (std::size_t i = 0; i < K; ++i)
+      counts[i] = static_cast<std::uint32_t>(detail::reduce_add(acc[i]));
   }
   for (; j < count; ++j) {
     for (std::size_t i = 0; i < K; ++i)
