@@ -844,8 +844,13 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   // collective's count is the backend's and taken as 1).
   double rounds_per_exchange() const noexcept {
     if (hierarchical() || options_.algorithm == allgather_algorithm::native) return 1.0;
-    const bool direct = allgather_is_direct({.algorithm = options_.algorithm}, ranks_);
-    return direct ? 1.0 : static_cast<double>(ranks_ - 1);
+    return allgather_is_direct(exchange_allgather(0), ranks_) ? 1.0
+                                                              : static_cast<double>(ranks_ - 1);
+  }
+
+  // The options of a flat exchange's all-gather, the one place that sets them.
+  allgather_options exchange_allgather(tag_type tag) const noexcept {
+    return {.tag = tag, .timeout = options_.timeout, .algorithm = options_.algorithm};
   }
 
   exchange_cost_model cost_model(double bytes_per_element) const {
@@ -989,8 +994,7 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
         options_.tag_base +
         static_cast<tag_type>((static_cast<std::uint64_t>(step) * buckets_.size() + b) % 16384));
     sparse_allgather(transport_, std::span<const std::byte>(slot.message),
-                     std::span<message_buffer>(slot.received),
-                     {.tag = tag, .timeout = options_.timeout, .algorithm = options_.algorithm});
+                     std::span<message_buffer>(slot.received), exchange_allgather(tag));
     finish_exchange(b, step, t0, transport_clock::now(),
                     static_cast<std::uint64_t>(ranks_ - 1) * slot.message.size());
   }
