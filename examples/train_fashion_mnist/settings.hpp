@@ -11,12 +11,13 @@
 
 namespace fashion_mnist {
 
+/// What the command line asked for (options.hpp parses and checks it; every field is in range).
 struct settings {
-  int ranks = 4;               // in-process only; MPI/ZeroMQ take the world size
-  std::string clusters;        // cluster sizes ("2,2"); empty: see --clusters
-  double bandwidth_mbps = -1;  // each cluster's uplink; -1: 100 in-process, unshaped otherwise
-  double lan_mbps = 0;         // each rank's link inside its cluster (in-process); 0: unshaped
-  double rtt_ms = -1;          // between clusters; -1: 20 in-process, 0 otherwise
+  int ranks = 4;              // in-process only; MPI/ZeroMQ take the world size
+  std::string clusters;       // cluster sizes ("2,2"); empty: see --clusters
+  double bandwidth_mbps = 0;  // each cluster's uplink; 0: unshaped
+  double lan_mbps = 0;        // each rank's link inside its cluster; 0: unshaped
+  double rtt_ms = 0;          // between clusters
   double min_density = 1e-4;
   double max_density = 0.01;
   double epochs = 0.5;
@@ -35,6 +36,10 @@ struct settings {
   std::uint64_t seed = 1;
   std::string data = default_directory;
   int staleness = 0;
+  std::vector<std::string> command_line;  // as given, for summary.json
+
+  /// Whether the library shapes the links (else the network decides).
+  [[nodiscard]] bool shaped() const { return bandwidth_mbps > 0 || rtt_ms > 0 || lan_mbps > 0; }
 };
 
 /// The modes, in the order they run: dense and stellatrain, each flat (every rank exchanges
