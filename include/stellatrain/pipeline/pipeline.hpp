@@ -456,6 +456,9 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   /// Copies the parameters of tensor `t` into `out` (out.size() == the tensor's size), as one
   /// consistent snapshot (never half of an update), converted to fp16 / bf16 (rounding to
   /// nearest even) for those overloads. Returns the version copied (for `copy_changes`).
+  /// Also after a failure: each tensor then holds the parameters of the last step applied to
+  /// it (`step` of the version; tensors of different buckets may differ by a step), nothing
+  /// of an exchange that did not complete, so that the application can keep them.
   param_version copy_params(std::size_t t, std::span<float> out) { return copy_params_as(t, out); }
   param_version copy_params(std::size_t t, std::span<fp16> out) { return copy_params_as(t, out); }
   param_version copy_params(std::size_t t, std::span<bf16> out) { return copy_params_as(t, out); }
@@ -1238,7 +1241,7 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
 
   template <class T>
   param_version copy_params_as(std::size_t t, std::span<T> out) {
-    require_started("copy_params");
+    if (!started_) throw_error(errc::invalid_argument, "pipeline::copy_params: call start() first");
     const tensor_state& ts = tensor_at(t);
     if (out.size() != ts.size) {
       throw_error(errc::size_mismatch, "pipeline::copy_params: tensor " + std::to_string(ts.id) +
@@ -1435,9 +1438,21 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     broadcast(transport_, 0, std::as_writable_bytes(std::span<std::uint64_t>(root_shape)),
               {.tag = tag, .timeout = options_.timeout}, ws);
     if (root_shape != shape) {
-      throw_error(errc::invalid_argument, "pipeline::start: rank " +
-                                              std::to_string(transport_.rank()) +
-                                              " registered other tensors than rank 0");
+      // Name the first difference, and tell every rank (they would otherwise see this one
+      // leave without a reason).
+      std::string what = "pipeline::start: rank " + std::to_string(transport_.rank()) +
+                         " registered other tensors than rank 0";
+      std::size_t i = 1;
+      while (i + 1 < shape.size() && shape[i] == root_shape[i] && shape[i + 1] == root_shape[i + 1])
+        i += 2;
+      if (i + 1 < shape.size()) {
+        what += ": its tensor " + std::to_string((i - 1) / 2) + " is id " +
+                std::to_string(shape[i]) + " of " + std::to_string(shape[i + 1]) +
+                " elements, rank 0's id " + std::to_string(root_shape[i]) + " of " +
+                std::to_string(root_shape[i + 1]) + " elements";
+      }
+      abort_links(what);
+      throw_error(errc::invalid_argument, what);
     }
     broadcast(transport_, 0, std::as_writable_bytes(std::span<float>(initial_)),
               {.tag = tag, .timeout = options_.timeout}, ws);

@@ -6,7 +6,14 @@
 //               out, abort notices reach every rank, and every rank reports the failure
 //   kill        rank 2 kills itself (SIGKILL) during an exchange: Open MPI ends the job; no
 //               rank may report a completed exchange after it (checked by run_mpi_fault.cmake)
+//   kill-allgather | kill-allreduce
+//               rank 2 kills itself at its third send of that collective in round 3; checked
+//               the same way
+//   malformed   rank 2 sends the rank it feeds in a ring all-gather a message that is no
+//               frame: every other rank fails naming rank 2, before any timeout
+//   sizes       rank 1 all-reduces a tensor of another length: every rank fails saying so
 // Exit status 0 on every rank: passed.
+#include "../fault_injection.hpp"
 #include "../scenarios.hpp"
 
 #include <stellatrain/stellatrain.hpp>
@@ -125,6 +132,98 @@ int kill_rank() {
   return 1;
 }
 
+// Rank 2 kills itself at its third send of `what` (the all-gather or the all-reduce) in round
+// 3: Open MPI ends the job; no rank may report that collective of a round >= 3 as completed
+// (checked by run_mpi_fault.cmake).
+int kill_in(const std::string& what) {
+  mpi_transport t;
+  test::dies_on_send<mpi_transport> dying(t);
+  const int rank = t.rank();
+  const std::vector<std::byte> mine(std::size_t{1} << 20,
+                                    std::byte{static_cast<unsigned char>(rank)});
+  std::vector<message_buffer> out(static_cast<std::size_t>(t.size()));
+  std::vector<float> grad(std::size_t{1} << 18, 1.0f);
+  auto round_of = [&](auto& tr, int round) {
+    sparse_allgather(
+        tr, mine, out,
+        {.tag = 1, .timeout = 30s, .algorithm = allgather_algorithm::ring, .chunk_bytes = 65536});
+    if (round >= 3 && what == "allgather")
+      std::printf("rank %d: exchange completed after the kill (round %d)\n", rank, round);
+    dense_allreduce(tr, std::span<float>(grad), {.tag = 2, .timeout = 30s, .chunk_bytes = 65536});
+    if (round >= 3 && what == "allreduce")
+      std::printf("rank %d: exchange completed after the kill (round %d)\n", rank, round);
+    std::fflush(stdout);
+  };
+  for (int round = 0; round < 1000; ++round) {
+    if (rank == 2) {
+      if (round == 3) dying.die_at_send(what == "allgather" ? 1 : 2, 3);
+      round_of(dying, round);
+    } else {
+      round_of(t, round);
+    }
+  }
+  return 1;
+}
+
+// Every rank but rank 2 fails, within the bound and before any timeout, with an error that
+// names it; then all leave together through a barrier of the application's communicator.
+int leave(mpi_transport& t, bool ok) {
+  if (!ok) std::printf("rank %d: the fault was not reported as it should\n", t.rank());
+  std::fflush(stdout);
+  MPI_Barrier(MPI_COMM_WORLD);
+  return ok ? 0 : 1;
+}
+
+// Rank 2 sends, in round 3 of a ring all-gather, a message that is no frame (no magic) to the
+// rank that receives from it, on the collective's tag of the transport's own communicator.
+// That rank must reject it as malformed; the others learn it from its abort.
+int malformed() {
+  mpi_transport t;
+  const std::vector<std::byte> mine(std::size_t{1} << 16, std::byte{1});
+  std::vector<message_buffer> out(static_cast<std::size_t>(t.size()));
+  for (int round = 0; round < 10; ++round) {
+    if (t.rank() == 2 && round == 3) {
+      // As long as a frame with the 8-byte length the receiver waits for, so that only its
+      // header can give it away.
+      char junk[40] = "this is not a stellatrain frame........";
+      MPI_Send(junk, sizeof junk, MPI_BYTE, 3, 1, t.communicator());
+      std::printf("rank 2: sent a malformed frame to rank 3\n");
+      return leave(t, true);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      sparse_allgather(
+          t, mine, out,
+          {.tag = 1, .timeout = 30s, .algorithm = allgather_algorithm::ring, .chunk_bytes = 4096});
+    } catch (const error& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("rank %d: failed as expected in round %d after %.2f s: %s\n", t.rank(), round, s,
+                  e.what());
+      const std::string what = e.what();
+      const bool kind = e.code() == errc::malformed_message || e.code() == errc::peer_failure;
+      const bool named = what.find("rank 2") != std::string::npos &&
+                         what.find("does not start with the magic") != std::string::npos;
+      return leave(t, kind && named && round == 3 && s < 10.0);
+    }
+  }
+  return leave(t, false);
+}
+
+// Rank 1 all-reduces a tensor of another length: every rank fails with an error that says
+// what differs (directly or through an abort that quotes it).
+int sizes() {
+  mpi_transport t;
+  std::vector<float> grad((std::size_t{1} << 18) - (t.rank() == 1 ? 100 : 0), 1.0f);
+  try {
+    dense_allreduce(t, std::span<float>(grad), {.tag = 2, .timeout = 30s});
+  } catch (const error& e) {
+    std::printf("rank %d: failed as expected: %s\n", t.rank(), e.what());
+    const bool kind = e.code() == errc::size_mismatch || e.code() == errc::peer_failure;
+    return leave(t, kind && std::string(e.what()).find("elements of") != std::string::npos);
+  }
+  return leave(t, false);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -134,10 +233,17 @@ int main(int argc, char** argv) {
     if (mode == "scenarios") return scenarios(env.thread_level());
     if (mode == "stall") return stall();
     if (mode == "kill") return kill_rank();
+    if (mode == "kill-allgather") return kill_in("allgather");
+    if (mode == "kill-allreduce") return kill_in("allreduce");
+    if (mode == "malformed") return malformed();
+    if (mode == "sizes") return sizes();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "FAILED: %s\n", e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  std::fprintf(stderr, "usage: mpirun -np 4 %s scenarios | stall | kill\n", argv[0]);
+  std::fprintf(stderr,
+               "usage: mpirun -np 4 %s scenarios | stall | kill | kill-allgather | "
+               "kill-allreduce | malformed | sizes\n",
+               argv[0]);
   return 2;
 }

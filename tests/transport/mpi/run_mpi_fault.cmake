@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-# cmake -DMPIRUN=<mpirun;args> -DPROGRAM=<test_transport_mpi> -DLIMIT=<s> -P run_mpi_fault.cmake
-# Rank 2 kills itself during an exchange. Passes when the job ends with an error within LIMIT
+# cmake -DMPIRUN=<mpirun;args> -DPROGRAM=<test_transport_mpi> -DLIMIT=<s> [-DMODE=kill] -P run_mpi_fault.cmake
+# Rank 2 kills itself during an exchange (MODE: kill, kill-allgather or kill-allreduce). Passes when the job ends with an error within LIMIT
 # seconds (no hang), rank 2 did reach the kill, and no rank reported an exchange as completed
 # after it (no partial result taken as whole).
 cmake_minimum_required(VERSION 3.25)
+if(NOT DEFINED MODE)
+  set(MODE kill)
+endif()
 string(TIMESTAMP _t0 "%s")
-execute_process(COMMAND ${MPIRUN} "${PROGRAM}" kill
+execute_process(COMMAND ${MPIRUN} "${PROGRAM}" ${MODE}
   RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT ${LIMIT})
 string(TIMESTAMP _t1 "%s")
 math(EXPR _took "${_t1} - ${_t0}")

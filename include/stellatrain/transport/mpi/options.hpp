@@ -32,6 +32,10 @@ struct mpi_options {
   /// Waits poll MPI (which also drives its progress); between polls they sleep, starting
   /// at 1 us and doubling up to this.
   std::chrono::microseconds max_poll_sleep{200};
+  /// A receive dropped after its message matched (the caller gave up on an exchange that
+  /// failed elsewhere) still writes into the caller's memory until it completes; its sender has
+  /// the message under way, so the drop waits for it, at most this long (see `mpi_request`).
+  std::chrono::milliseconds drop_wait{10000};
 };
 
 }  // namespace stellatrain

@@ -58,16 +58,30 @@ struct mpi_handle {
 
   void cancel() noexcept {
     try {
-      std::lock_guard lock(state->mutex);
+      std::unique_lock lock(state->mutex);
       if (op->state == mpi_queued) {
         const auto it = std::find(state->queued.begin(), state->queued.end(), op);
         if (it != state->queued.end()) state->queued.erase(it);
-      } else if (op->state == mpi_active && !state->poll(*op)) {
-        state->fail_locked(state->who() + ": a " +
-                           std::string(op->kind == mpi_op_kind::send ? "send to" : "receive from") +
-                           " rank " + std::to_string(op->peer) +
-                           " was dropped before it completed");
-        state->orphans.push_back(op);
+      } else if (op->state == mpi_active) {
+        if (op->kind != mpi_op_kind::send) {
+          // Matched: MPI writes into the caller's memory until the receive completes, which
+          // it will, the message being under way. Only then may that memory be released.
+          const auto deadline = transport_clock::now() + state->options.drop_wait;
+          auto sleep = std::chrono::microseconds(1);
+          while (!state->poll(*op) && transport_clock::now() < deadline) {
+            lock.unlock();
+            std::this_thread::sleep_for(sleep);
+            sleep = std::min(sleep * 2, state->options.max_poll_sleep);
+            lock.lock();
+          }
+        }
+        if (!state->poll(*op)) {
+          state->fail_locked(
+              state->who() + ": a " +
+              std::string(op->kind == mpi_op_kind::send ? "send to" : "receive from") + " rank " +
+              std::to_string(op->peer) + " was dropped before it completed");
+          state->orphans.push_back(op);
+        }
       }
     } catch (...) {
     }
@@ -81,9 +95,11 @@ class mpi_transport;
 
 /// The completion handle of `mpi_transport`. Waits poll MPI (driving its progress) with a
 /// short, growing sleep. Dropping a pending receive that has not matched a message withdraws
-/// it; dropping one that has, or a pending send (MPI cannot take sends back), fails the
-/// transport, and MPI keeps the request: its buffer must then stay valid until the process
-/// ends (after a failure, end it; `MPI_Abort` is the usual way).
+/// it; dropping one that has waits for it to complete (its message is under way), at most
+/// `mpi_options::drop_wait`. Dropping a pending send (MPI cannot take sends back), or a
+/// receive still pending after that wait, fails the transport, and MPI keeps the request: its
+/// buffer must then stay valid until the process ends (after a failure, end it; `MPI_Abort`
+/// is the usual way).
 class mpi_request : public detail::request_base<detail::mpi_handle> {
  public:
   mpi_request() = default;

@@ -220,6 +220,9 @@ struct zmq_engine {
       if (!teardown && !failed) linger = static_cast<int>(options.linger.count());
       if (failed && !teardown)
         linger = static_cast<int>(std::min<long long>(options.linger.count(), 1000));
+      // A teardown releases the zero-copy buffers of abandoned sends soon, but gives the
+      // queued aborts a moment to leave.
+      if (teardown) linger = static_cast<int>(std::min<long long>(options.linger.count(), 200));
     }
     try {
       for (auto& m : monitors) m.reset();
@@ -255,9 +258,16 @@ struct zmq_engine {
       op_ptr op;
       {
         std::lock_guard lock(mutex);
-        if (outbox.empty() || teardown) return;
-        op = std::move(outbox.front());
-        outbox.pop_front();
+        // On teardown only control frames still leave (the aborts that tell the peers why);
+        // data stays queued and is failed when the thread ends.
+        auto next = outbox.begin();
+        if (teardown) {
+          next = std::find_if(outbox.begin(), outbox.end(),
+                              [](const op_ptr& o) { return o->kind == zmq_op_kind::control; });
+        }
+        if (next == outbox.end()) return;
+        op = std::move(*next);
+        outbox.erase(next);
         op->state.store(zmq_taken, std::memory_order_relaxed);
       }
       frame_header h;
@@ -300,11 +310,14 @@ struct zmq_engine {
     auto& peer = peers[static_cast<std::size_t>(from)];
     switch (h.kind) {
       case frame_kind::hello:
-        if (h.tag != static_cast<std::uint32_t>(size)) {
-          fail_locked(errc::invalid_argument,
-                      who + ": " + peer_name(from) + " belongs to a world of " +
-                          std::to_string(h.tag) + " ranks, this rank to one of " +
-                          std::to_string(size));
+        if (h.tag != static_cast<std::uint32_t>(size) && !failed) {
+          // Every peer learns why, instead of seeing this rank vanish as if it had crashed.
+          const std::string why = who + ": " + peer_name(from) + " belongs to a world of " +
+                                  std::to_string(h.tag) + " ranks, this rank to one of " +
+                                  std::to_string(size);
+          for (int p = 0; p < size; ++p)
+            if (p != rank) post_control(p, frame_kind::abort, why);
+          fail_locked(errc::invalid_argument, why);
         }
         peer.greeted = true;
         cv.notify_all();
@@ -358,21 +371,52 @@ struct zmq_engine {
         parts.emplace_back();
         (void)router->recv(parts.back(), zmq::recv_flags::none);
       }
-      int from = -1;
-      if (id.size() == 5 && static_cast<const char*>(id.data())[0] == 'r') {
-        const auto* b = static_cast<const std::byte*>(id.data()) + 1;
-        const std::uint32_t v = frame_load_u32(b);
-        if (v < static_cast<std::uint32_t>(size) && static_cast<int>(v) != rank)
-          from = static_cast<int>(v);
+      if (parts.size() != 2) {
+        throw error(errc::malformed_message,
+                    who + ": rank " + std::to_string(rank) + " received a message of " +
+                        std::to_string(parts.size() + 1) + " frames instead of 3");
       }
-      if (from < 0 || parts.size() != 2) {
+      int from = -1;
+      std::uint32_t sender = ~std::uint32_t{0};
+      if (id.size() == 5 && static_cast<const char*>(id.data())[0] == 'r') {
+        sender = frame_load_u32(static_cast<const std::byte*>(id.data()) + 1);
+        if (sender < static_cast<std::uint32_t>(size) && static_cast<int>(sender) != rank)
+          from = static_cast<int>(sender);
+      }
+      if (from < 0) {
+        if (sender != ~std::uint32_t{0} && sender >= static_cast<std::uint32_t>(size) &&
+            refuse_larger_world(sender, parts[0]))
+          continue;
         throw error(errc::malformed_message, who + ": rank " + std::to_string(rank) +
-                                                 " received a message with an unknown sender or " +
-                                                 std::to_string(parts.size()) +
-                                                 " frames instead of 2");
+                                                 " received a message from an unknown sender");
       }
       on_frame(from, parts[0], parts[1]);
     }
+  }
+
+  // A greeting from rank `sender`, a number beyond this world's ranks: the ranks were told of
+  // worlds of different sizes. Fails the transport with that reason and tells every peer, as
+  // on_frame does for a greeting of another size. False when the frame is no valid greeting.
+  bool refuse_larger_world(std::uint32_t sender, const zmq::message_t& header) {
+    frame_header h;
+    try {
+      h = decode_frame(
+          std::span<const std::byte>(static_cast<const std::byte*>(header.data()), header.size()),
+          sender, options.max_message_bytes, who);
+    } catch (const error&) {
+      return false;
+    }
+    if (h.kind != frame_kind::hello) return false;
+    std::lock_guard lock(mutex);
+    if (!failed) {
+      const std::string why = who + ": rank " + std::to_string(sender) + " belongs to a world of " +
+                              std::to_string(h.tag) + " ranks, this rank to one of " +
+                              std::to_string(size);
+      for (int p = 0; p < size; ++p)
+        if (p != rank) post_control(p, frame_kind::abort, why);
+      fail_locked(errc::invalid_argument, why);
+    }
+    return true;
   }
 
   void read_monitor(int p) {

@@ -42,7 +42,8 @@ namespace stellatrain {
 /// length (and CRC32C with `payload_checksum`) before it trusts or copies anything.
 ///
 /// - Construction blocks until every rank has connected and greeted (each greeting carries
-///   the world size, so a mismatched peer list fails), or `connect_timeout` passes.
+///   the world size: a rank that finds a peer of another world size tells every peer why, so
+///   that every rank's construction fails with that reason), or `connect_timeout` passes.
 /// - Faults: a peer whose connection drops without its goodbye (crash, kill, heartbeat
 ///   timeout) fails the transport: every pending and later operation throws
 ///   `errc::peer_failure` naming it. `abort(reason)` tells every peer, which fail the same
@@ -275,7 +276,9 @@ class zmq_transport {
                                         std::to_string(raw->options.connect_timeout.count()) +
                                         " ms to " + missing;
       const errc code = raw->failed ? errc::peer_failure : errc::timeout;
-      raw->teardown = true;
+      // After a failure (a mismatched world), what is queued still leaves: the aborts that
+      // tell the peers why. After a timeout nothing is owed to anyone.
+      (raw->failed ? raw->stop : raw->teardown) = true;
       lock.unlock();
       raw->wake();
       raw->io.join();
