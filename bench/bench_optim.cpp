@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU optimizers against the memory traffic they cannot avoid, in the same run:
 //   BM_optim_adam_traffic/n/threads          the dense Adam access pattern (read p, g, m, v;
-//                                             write p, m, v: 28 B/param) with trivial math, on
-//                                             the optimizer's own arrays: the bound
+//                                             write p, m, v: 28 B/param of data; with ordinary
+//                                             stores each written line is read first, so 40
+//                                             B/param cross the memory bus) with trivial math,
+//                                             on the optimizer's own arrays: the bound
 //   BM_optim_adam_dense/n/threads            dense Adam step (L2 decay), 25M and 100M params
 //   BM_optim_adamw_dense/n/threads           dense AdamW step (decoupled decay)
 //   BM_optim_adam_dense_bf16_copy/n/threads  Adam + fused bf16 copy of the parameters (+2 B)
@@ -14,6 +16,14 @@
 //   BM_optim_sparse_adam/n/k/threads         lazy Adam step, k sorted random updates into n
 //   BM_optim_sparse_adam_per_element/n/k/threads  the same with per-element steps
 //   BM_optim_sparse_sgd_gather_scatter/...   and BM_optim_sparse_sgd/...: SGD with momentum
+// and against the peers' techniques, written here from their descriptions (AVX-512 builds):
+//   BM_optim_adam_unrolled_avx512/n/threads  Adam (L2 decay) as DeepSpeed's CPU Adam writes it:
+//                                             intrinsics, 8 vectors of every array per
+//                                             iteration, ordinary stores
+//   BM_optim_sparse_sgd_gather_avx512/n/k/threads  SGD with momentum as the StellaTrain
+//                                             reference writes it: 16-lane gathers and
+//                                             scatters, 32 updates per iteration, one prefetch
+//                                             per group
 // n = 25M (the reference's tensor) and 100M; k = 0.1%, 1% and 10% of n. Arrays are allocated
 // and pre-faulted once per size and reused by every benchmark of that size (the baselines
 // run on the optimizers' own arrays with math that keeps the state valid).
@@ -24,7 +34,12 @@
 
 #include <xsimd/xsimd.hpp>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -231,6 +246,88 @@ BENCHMARK(BM_optim_adamw_dense)->Apply(dense_args);
 BENCHMARK(BM_optim_adam_dense_bf16_copy)->Apply(dense_args_25m);
 BENCHMARK(BM_optim_adam_dense_skip_tensor)->Apply(dense_args_25m);
 
+// Adam with L2 decay in the peer's form: per iteration 8 vectors (128 elements) of each array.
+// The bias corrections of step k are folded into `step_size` (-lr / bc1) and `rsqrt_bc2`.
+struct adam_scalars {
+  float beta1, beta2, eps, weight_decay, step_size, rsqrt_bc2;
+};
+
+#if defined(__AVX512F__)
+void adam_unrolled_avx512(float* p, const float* g, float* m, float* v, std::size_t b,
+                          std::size_t e, const adam_scalars& s) {
+  constexpr std::size_t span = 8;
+  constexpr std::size_t step = 16 * span;
+  // The masked forms with every lane on: the unmasked ones start from an undefined register,
+  // which GCC 12 reports as maybe-uninitialized.
+  constexpr auto all = static_cast<__mmask16>(0xffff);
+  const __m512 b1 = _mm512_set1_ps(s.beta1);
+  const __m512 b2 = _mm512_set1_ps(s.beta2);
+  const __m512 one_b1 = _mm512_set1_ps(1.0f - s.beta1);
+  const __m512 one_b2 = _mm512_set1_ps(1.0f - s.beta2);
+  const __m512 eps = _mm512_set1_ps(s.eps);
+  const __m512 wd = _mm512_set1_ps(s.weight_decay);
+  const __m512 lr = _mm512_set1_ps(s.step_size);
+  const __m512 bc2 = _mm512_set1_ps(s.rsqrt_bc2);
+  std::size_t i = b;
+  for (; i + step <= e; i += step) {
+    __m512 vg[span], vm[span], vv[span], vp[span];
+    for (std::size_t u = 0; u < span; ++u) vg[u] = _mm512_loadu_ps(g + i + 16 * u);
+    for (std::size_t u = 0; u < span; ++u) vm[u] = _mm512_loadu_ps(m + i + 16 * u);
+    for (std::size_t u = 0; u < span; ++u) vv[u] = _mm512_loadu_ps(v + i + 16 * u);
+    for (std::size_t u = 0; u < span; ++u) vp[u] = _mm512_loadu_ps(p + i + 16 * u);
+    for (std::size_t u = 0; u < span; ++u) {
+      const __m512 gd = _mm512_fmadd_ps(vp[u], wd, vg[u]);
+      vm[u] = _mm512_fmadd_ps(gd, one_b1, _mm512_mul_ps(vm[u], b1));
+      vv[u] = _mm512_fmadd_ps(_mm512_mul_ps(gd, gd), one_b2, _mm512_mul_ps(vv[u], b2));
+      const __m512 denom = _mm512_fmadd_ps(_mm512_maskz_sqrt_ps(all, vv[u]), bc2, eps);
+      vp[u] = _mm512_fmadd_ps(_mm512_div_ps(vm[u], denom), lr, vp[u]);
+    }
+    for (std::size_t u = 0; u < span; ++u) _mm512_storeu_ps(p + i + 16 * u, vp[u]);
+    for (std::size_t u = 0; u < span; ++u) _mm512_storeu_ps(m + i + 16 * u, vm[u]);
+    for (std::size_t u = 0; u < span; ++u) _mm512_storeu_ps(v + i + 16 * u, vv[u]);
+  }
+  for (; i < e; ++i) {
+    const float gd = g[i] + s.weight_decay * p[i];
+    m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * gd;
+    v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * gd * gd;
+    p[i] += s.step_size * m[i] / (std::sqrt(v[i]) * s.rsqrt_bc2 + s.eps);
+  }
+}
+#endif
+
+void BM_optim_adam_unrolled_avx512(benchmark::State& state) {
+#if defined(__AVX512F__)
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto threads = static_cast<std::size_t>(state.range(1));
+  auto& opt = adam_state(n);  // its arrays, and its options (lr 1e-4, weight decay 1e-4)
+  auto& in = dense_inputs_for(n);
+  float* p = opt.params(0).data();
+  float* m = mutable_data(opt.exp_avg(0));
+  float* v = mutable_data(opt.exp_avg_sq(0));
+  std::uint64_t k = 1000;  // any late step: the corrections are scalars of the call
+  for (auto _ : state) {
+    ++k;
+    const double bc1 = 1.0 - std::pow(0.9, static_cast<double>(k));
+    const double bc2 = 1.0 - std::pow(0.999, static_cast<double>(k));
+    const adam_scalars s{0.9f,
+                         0.999f,
+                         1e-8f,
+                         1e-4f,
+                         static_cast<float>(-1e-4 / bc1),
+                         static_cast<float>(1.0 / std::sqrt(bc2))};
+    sb::split_per_thread(threads, n, 128, [&](std::size_t b, std::size_t e) {
+      adam_unrolled_avx512(p, in.grad.data(), m, v, b, e, s);
+    });
+    benchmark::ClobberMemory();
+  }
+  set_dense_counters(state, n, 28);
+#else
+  state.SkipWithError("needs a build for AVX-512 (bench-native on an AVX-512 CPU)");
+#endif
+}
+
+BENCHMARK(BM_optim_adam_unrolled_avx512)->Apply(dense_args);
+
 // ------------------------------------------------------------------ sparse
 
 void set_sparse_counters(benchmark::State& state, std::size_t k, std::size_t arrays) {
@@ -287,6 +384,68 @@ void BM_optim_sparse_sgd_gather_scatter(benchmark::State& state) {
   sparse_baseline(state, opt, a);
 }
 
+// SGD with momentum in the peer's form: b = momentum * b + (1 - dampening) * g; p -= lr * b,
+// 32 updates per iteration as two 16-lane gathers and scatters of each array, the lines of
+// each group's first index prefetched. Distinct indices only (a scatter of equal indices keeps
+// one of the updates), as in the benchmark's inputs.
+#if defined(__AVX512F__)
+void sgd_gather_avx512(float* p, float* mom, const std::uint32_t* idx, const float* val,
+                       std::size_t b, std::size_t e, float lr, float momentum) {
+  const __m512 vlr = _mm512_set1_ps(-lr);
+  const __m512 vmom = _mm512_set1_ps(momentum);
+  // The masked gather with every lane on (see adam_unrolled_avx512).
+  auto gather = [](__m512i i, const float* base) {
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), static_cast<__mmask16>(0xffff), i, base,
+                                    4);
+  };
+  std::size_t j = b;
+  for (; j + 32 <= e; j += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + idx[j]), _MM_HINT_NTA);
+    _mm_prefetch(reinterpret_cast<const char*>(p + idx[j + 16]), _MM_HINT_NTA);
+    _mm_prefetch(reinterpret_cast<const char*>(mom + idx[j]), _MM_HINT_NTA);
+    _mm_prefetch(reinterpret_cast<const char*>(mom + idx[j + 16]), _MM_HINT_NTA);
+    const __m512i i0 = _mm512_loadu_si512(idx + j);
+    const __m512i i1 = _mm512_loadu_si512(idx + j + 16);
+    const __m512 b0 = gather(i0, mom);
+    const __m512 b1 = gather(i1, mom);
+    const __m512 x0 = gather(i0, p);
+    const __m512 x1 = gather(i1, p);
+    const __m512 n0 = _mm512_fmadd_ps(vmom, b0, _mm512_loadu_ps(val + j));
+    const __m512 n1 = _mm512_fmadd_ps(vmom, b1, _mm512_loadu_ps(val + j + 16));
+    _mm512_i32scatter_ps(mom, i0, n0, 4);
+    _mm512_i32scatter_ps(mom, i1, n1, 4);
+    _mm512_i32scatter_ps(p, i0, _mm512_fmadd_ps(vlr, n0, x0), 4);
+    _mm512_i32scatter_ps(p, i1, _mm512_fmadd_ps(vlr, n1, x1), 4);
+  }
+  for (; j < e; ++j) {
+    const std::uint32_t i = idx[j];
+    mom[i] = momentum * mom[i] + val[j];
+    p[i] -= lr * mom[i];
+  }
+}
+#endif
+
+void BM_optim_sparse_sgd_gather_avx512(benchmark::State& state) {
+#if defined(__AVX512F__)
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto k = static_cast<std::size_t>(state.range(1));
+  const auto threads = static_cast<std::size_t>(state.range(2));
+  auto& opt = sgd_state(n);
+  float* p = opt.params(0).data();
+  float* mom = mutable_data(opt.momentum_buffer(0));
+  const auto& in = sparse_inputs_for(n, k);
+  for (auto _ : state) {
+    sb::split_per_thread(threads, k, 32, [&](std::size_t b, std::size_t e) {
+      sgd_gather_avx512(p, mom, in.indices.data(), in.values.data(), b, e, 1e-4f, 0.9f);
+    });
+    benchmark::ClobberMemory();
+  }
+  set_sparse_counters(state, k, 2);
+#else
+  state.SkipWithError("needs a build for AVX-512 (bench-native on an AVX-512 CPU)");
+#endif
+}
+
 template <class Optimizer>
 void sparse_step(benchmark::State& state, Optimizer& opt, std::size_t arrays) {
   const auto n = static_cast<std::size_t>(state.range(0));
@@ -332,5 +491,6 @@ BENCHMARK(BM_optim_sparse_adam)->Apply(sparse_args);
 BENCHMARK(BM_optim_sparse_adam_per_element)->Apply(sparse_args_1pct);
 BENCHMARK(BM_optim_sparse_sgd_gather_scatter)->Apply(sparse_args);
 BENCHMARK(BM_optim_sparse_sgd)->Apply(sparse_args);
+BENCHMARK(BM_optim_sparse_sgd_gather_avx512)->Apply(sparse_args);
 
 }  // namespace
