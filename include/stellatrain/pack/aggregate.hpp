@@ -69,6 +69,18 @@ inline constexpr std::size_t merge_marked_windows = 32;
 // Elements per dense scatter piece (256 KiB of floats: L2-resident while the inputs stream).
 inline constexpr std::uint64_t scatter_piece = std::uint64_t{1} << 16;
 
+// d[lo, hi) *= s. In blocks of 16 independent products: at -O2 GCC's loop vectorizer leaves
+// the plain loop scalar (one store a cycle: 7 ms for 25M floats), while its SLP vectorizer
+// turns a block into SIMD instructions.
+inline void scale_range(float* d, std::uint64_t lo, std::uint64_t hi, float s) noexcept {
+  std::uint64_t i = lo;
+  for (; i + 16 <= hi; i += 16) {
+    float* p = d + i;
+    for (int u = 0; u < 16; ++u) p[u] *= s;
+  }
+  for (; i < hi; ++i) d[i] *= s;
+}
+
 }  // namespace detail
 
 /// Sums W sparse selections of one tensor (W ranks' gradients) into what the optimizer
@@ -226,9 +238,7 @@ class sparse_merger {
                       "scatter_add: input " + std::to_string(w) + " is not sorted");
         }
       }
-      if (scale != 1.0f) {
-        for (std::uint64_t i = lo; i < hi; ++i) d[i] *= scale;
-      }
+      if (scale != 1.0f) detail::scale_range(d, lo, hi, scale);
     });
     for (std::size_t w = 0; w < inputs.size(); ++w) {
       const auto idx = inputs[w].indices();
