@@ -1,0 +1,246 @@
+# SPDX-License-Identifier: Apache-2.0
+"""stellatrain.torch.compression_hook in DDP over Gloo, 2-4 processes on this machine."""
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+import stellatrain.torch as st
+from stellatrain.torch.ddp_hook import message_bound
+
+import world
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 30),
+                               torch.nn.ReLU(), torch.nn.Linear(30, 5))
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+
+
+def train(rank, hook, state, steps, bucket_cap_mb=0.01, lr=0.1, model=None):
+    """Trains DDP(model) with `hook`; returns the parameters after each step."""
+    ddp = torch.nn.parallel.DistributedDataParallel(model or make_model(),
+                                                    bucket_cap_mb=bucket_cap_mb)
+    if hook is not None:
+        ddp.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    history = []
+    for step in range(steps):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        history.append([p.detach().clone() for p in ddp.parameters()])
+    return history
+
+
+def _density_one(rank, world_size, values):
+    dense = train(rank, default_hooks.allreduce_hook, None, 4)
+    state = st.CompressionState(density=1.0, values=values)
+    ours = train(rank, st.compression_hook, state, 4)
+    return dense, ours
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_density_one_matches_the_allreduce_hook(world_size):
+    results = world.run(_density_one, world_size, "fp32")
+    for rank, (dense, ours) in enumerate(results):
+        for step, (a, b) in enumerate(zip(dense, ours)):
+            for i, (p, q) in enumerate(zip(a, b)):
+                assert torch.allclose(p, q, rtol=0, atol=1e-6), (rank, step, i)
+    # Every rank holds the same bits.
+    for dense, ours in results[1:]:
+        for p, q in zip(ours[-1], results[0][1][-1]):
+            assert torch.equal(p, q)
+
+
+def _mass(rank, world_size, selector, values):
+    """With lr 0 the parameters stay put: every step's local gradient is known, and the hook's
+    mean is read from .grad. Returns the sums the conservation law relates."""
+    model = make_model()
+    local = copy.deepcopy(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
+    state = st.CompressionState(density=0.05, selector=selector, values=values)
+    ddp.register_comm_hook(state, st.compression_hook)
+    sent = [torch.zeros_like(p) for p in model.parameters()]
+    grads = [torch.zeros_like(p) for p in model.parameters()]
+    for step in range(8):
+        x, y = batch(rank, step)
+        ddp.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        local.zero_grad()
+        torch.nn.functional.cross_entropy(local(x), y).backward()
+        for s, p in zip(sent, model.parameters()):
+            s += p.grad * world_size  # the mean of what the ranks sent, times W
+        for g, p in zip(grads, local.parameters()):
+            g += p.grad
+    residual = [state.residual(p).view(p.shape) for p in model.parameters()]
+    for t in grads + residual:
+        dist.all_reduce(t)
+    return sent, grads, residual
+
+
+@pytest.mark.parametrize("selector,values", [("exact", "fp32"), ("threshold", "bf16"),
+                                             ("block", "fp16")])
+def test_error_feedback_conserves_the_gradient_mass(selector, values):
+    for sent, grads, residual in world.run(_mass, 2, selector, values):
+        for s, g, r in zip(sent, grads, residual):
+            # sum of everything sent + what is left == sum of all gradients (fp32 sums)
+            assert torch.allclose(s + r, g, rtol=1e-4, atol=1e-5)
+            assert r.abs().sum() > 0  # density 0.05 leaves something behind
+
+
+def _checkpoint(rank, world_size, folder):
+    base = dict(density=0.1, selector="exact", values="bf16")
+    whole = train(rank, st.compression_hook, st.CompressionState(**base), 6, bucket_cap_mb=25)
+    # The same run stopped after 3 steps, saved, and continued by fresh objects.
+    state = st.CompressionState(**base)
+    model = make_model()
+    first = train(rank, st.compression_hook, state, 3, bucket_cap_mb=25, model=model)
+    saved = {"model": copy.deepcopy(model.state_dict()), "hook": state.state_dict()}
+    torch.save(saved, f"{folder}/ckpt.{rank}")
+    loaded = torch.load(f"{folder}/ckpt.{rank}")
+    fresh_model = make_model(seed=7)
+    fresh_model.load_state_dict(loaded["model"])
+    fresh_state = st.CompressionState(**base)
+    fresh_state.load_state_dict(loaded["hook"])
+    assert fresh_state.iter == 3
+    rest = []
+    ddp = torch.nn.parallel.DistributedDataParallel(fresh_model, bucket_cap_mb=25)
+    ddp.register_comm_hook(fresh_state, st.compression_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(3, 6):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        rest.append([p.detach().clone() for p in ddp.parameters()])
+    return whole, first + rest
+
+
+def test_a_restored_state_continues_identically(tmp_path):
+    for whole, resumed in world.run(_checkpoint, 2, str(tmp_path)):
+        for step, (a, b) in enumerate(zip(whole, resumed)):
+            for p, q in zip(a, b):
+                assert torch.equal(p, q), f"step {step}"
+
+
+def _warmup(rank, world_size):
+    dense = train(rank, default_hooks.allreduce_hook, None, 3)
+    ours = train(rank, st.compression_hook, st.CompressionState(density=0.01, start_iter=2), 3)
+    return dense, ours
+
+
+def test_steps_before_start_iter_are_dense():
+    for dense, ours in world.run(_warmup, 2):
+        for step in range(2):
+            for p, q in zip(dense[step], ours[step]):
+                assert torch.allclose(p, q, rtol=0, atol=1e-6)
+        assert any(not torch.allclose(p, q, atol=1e-6) for p, q in zip(dense[2], ours[2]))
+
+
+class FakeBucket:
+    """What the hook reads of a torch GradBucket, for layouts chosen by the test."""
+
+    def __init__(self, index, params, grads, last):
+        self._index, self._params, self._last = index, params, last
+        self._buffer = torch.cat([g.reshape(-1) for g in grads])
+        self._views, at = [], 0
+        for g in grads:
+            self._views.append(self._buffer[at:at + g.numel()].view(g.shape))
+            at += g.numel()
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buffer
+
+    def parameters(self):
+        return self._params
+
+    def gradients(self):
+        return self._views
+
+    def is_last(self):
+        return self._last
+
+
+def _rebuild(rank, world_size):
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (300, 50, 1000, 7)]
+    state = st.CompressionState(density=0.02, values="fp32")
+    layouts = [[[0, 1], [2, 3]], [[3, 0], [2], [1]], [[1, 2, 3, 0]]]
+    sent = [torch.zeros(p.numel()) for p in params]
+    total = [torch.zeros(p.numel()) for p in params]
+    g = torch.Generator().manual_seed(5)
+    for step in range(9):
+        layout = layouts[min(step // 3, 2)]  # two rebuilds
+        grads = [torch.randn(p.numel(), generator=g) for p in params]
+        for t, gr in zip(total, grads):
+            t += gr
+        for b, members in enumerate(layout):
+            bucket = FakeBucket(b, [params[i] for i in members], [grads[i] for i in members],
+                                b == len(layout) - 1)
+            out = st.compression_hook(state, bucket).wait()
+            at = 0
+            for i in members:
+                sent[i] += out[at:at + params[i].numel()]
+                at += params[i].numel()
+    return [(s + state.residual(p) - t).abs().max().item()
+            for s, p, t in zip(sent, params, total)]
+
+
+def test_residuals_follow_their_parameters_across_bucket_rebuilds():
+    (errors,) = world.run(_rebuild, 1)
+    assert max(errors) < 1e-4, errors
+
+
+def test_message_bound_holds_for_every_selector_and_value_type():
+    from stellatrain import _native
+    from stellatrain.torch.kernels import threads_handle
+    g = torch.Generator().manual_seed(3)
+    for selector in ("exact", "threshold", "sampled_threshold", "block", "random"):
+        for values in ("fp32", "fp16", "bf16"):
+            codec = _native.Codec(selector, values, 0, threads_handle(1))
+            for tid, (n, k) in enumerate([(1, 1), (100, 100), (65536, 50), (65537, 6000),
+                                          (300000, 30000)]):
+                codec.add(tid, n, 0)
+                x = torch.randn(n, generator=g)
+                nbytes = codec.compress(tid, x.data_ptr(), n, k, 0)
+                assert nbytes <= message_bound(n, k, values), (selector, values, n, k)
+
+
+def _bad_dtype(rank, world_size):
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model().double())
+    ddp.register_comm_hook(st.CompressionState(), st.compression_hook)
+    x, y = batch(rank, 0)
+    try:
+        torch.nn.functional.cross_entropy(ddp(x.double()), y).backward()
+    except Exception as e:  # DDP's reducer re-raises the hook's error as its own
+        return str(e)
+    return "no error"
+
+
+def test_bad_input_is_refused_with_a_clear_error():
+    for message in world.run(_bad_dtype, 2):
+        assert "bucket 0 must be torch.float32, got torch.float64" in message
+    with pytest.raises(ValueError, match="density must be in"):
+        st.CompressionState(density=0.0)
+    with pytest.raises(ValueError, match="density must be in"):
+        st.CompressionState(density=1.5)
+    with pytest.raises(ValueError, match="selector must be one of"):
+        st.CompressionState(selector="topk")
+    with pytest.raises(ValueError, match="values must be one of"):
+        st.CompressionState(values="int8")
+    with pytest.raises(ValueError, match="start_iter must be"):
+        st.CompressionState(start_iter=-1)
+    state = st.CompressionState(selector="exact")
+    with pytest.raises(ValueError, match="saved with selector='threshold'"):
+        state.load_state_dict(dict(st.CompressionState(selector="threshold").state_dict()))
