@@ -1,0 +1,52 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
+"""Prints the table of the example's summaries (OUT/<hook>.json) as Markdown: time to the
+target accuracy, final accuracy, bytes per step and step time per hook, and the time to
+target against dense (hook none)."""
+import json
+import os
+import sys
+
+HOOKS = ("none", "fp16", "powersgd", "stellatrain")
+NAMES = {"none": "none (dense allreduce)", "fp16": "fp16_compress_hook",
+         "powersgd": "PowerSGD", "stellatrain": "stellatrain"}
+
+
+def describe(s):
+    o = s["options"]
+    if s["hook"] == "powersgd":
+        return f"{NAMES['powersgd']} rank {o['powersgd_rank']}"
+    if s["hook"] == "stellatrain":
+        return f"stellatrain {o['density']:.3g} {o['values']}"
+    return NAMES[s["hook"]]
+
+
+def main(folder):
+    rows = [json.load(open(os.path.join(folder, f"{h}.json")))
+            for h in HOOKS if os.path.isfile(os.path.join(folder, f"{h}.json"))]
+    if not rows:
+        sys.exit(f"table.py: no summaries in {folder}")
+    dense = next((r for r in rows if r["hook"] == "none"), None)
+    first = rows[0]
+    link = first["emulated_link"] or f"{first['world']} ranks, loopback"
+    print(f"{link}; "
+          f"{first['steps']} steps, target {first['target']:.0%}, "
+          f"{first['parameters']:,} parameters\n")
+    print("| hook | time to target | steps | final accuracy | MB per step and rank | "
+          "step time | time to target vs dense |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        ttt = r["time_to_target_s"]
+        sent = [b for b in r["bytes_per_step"] if b is not None]
+        speedup = "-"
+        if dense and dense["time_to_target_s"] and ttt:
+            speedup = f"{dense['time_to_target_s'] / ttt:.1f}x"
+        # The busiest rank's bytes on its interface (headers included); none on loopback.
+        mb = f"{max(sent) / 1e6:.3f}" if sent else "-"
+        print(f"| {describe(r)} | {'not reached' if ttt is None else f'{ttt:.1f} s'} | "
+              f"{r['steps_to_target'] or '-'} | {r['final_accuracy']:.2%} | {mb} | "
+              f"{r['step_time_s'] * 1e3:.0f} ms | {speedup} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "out/pytorch_ddp")

@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: Apache-2.0
+"""examples/pytorch_ddp: a few steps of every hook with 2 processes on loopback, and its
+table. The example's figures come from its run under wan-emu (examples/pytorch_ddp/run.sh);
+this keeps the program working."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "examples", "pytorch_ddp")
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(DATA, "train-images-idx3-ubyte.gz")),
+                    reason="dataset-fashion-mnist is not installed")
+def test_every_hook_trains_and_the_table_lists_them(tmp_path):
+    for hook in ("none", "fp16", "powersgd", "stellatrain"):
+        subprocess.run([sys.executable, os.path.join(EXAMPLE, "train.py"), "--spawn", "2",
+                        "--hook", hook, "--steps", "12", "--start-iter", "3",
+                        "--eval-every", "4", "--eval-samples", "500", "--hidden", "256",
+                        "--out", str(tmp_path)], check=True, timeout=300)
+        s = json.loads((tmp_path / f"{hook}.json").read_text())
+        assert s["hook"] == hook and s["world"] == 2 and s["steps"] == 12
+        assert [e[0] for e in s["evaluations"]] == [4, 8, 12]
+        # 12 steps of 64 examples lift a 10-class model well above chance.
+        assert s["final_accuracy"] > 0.4
+        assert s["bytes_per_step"] == [None, None]  # loopback: no interface of its own
+        assert s["step_time_s"] > 0
+    table = subprocess.run([sys.executable, os.path.join(EXAMPLE, "table.py"), str(tmp_path)],
+                           check=True, capture_output=True, text=True, timeout=60).stdout
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| none (dense allreduce)", "| fp16_compress_hook", "| PowerSGD rank 1",
+        "| stellatrain 0.01 bf16"]
+
+
+def test_bad_options_are_refused_before_any_work():
+    for args, message in ((["--hook", "gzip"], "invalid choice"),
+                          (["--hook", "none", "--density", "0"], "--density must be in (0, 1]"),
+                          (["--hook", "none", "--steps", "0"], "--steps must be >= 1"),
+                          (["--hook", "none", "--data", "/nonexistent"], "--data: no")):
+        r = subprocess.run([sys.executable, os.path.join(EXAMPLE, "train.py"), *args],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
