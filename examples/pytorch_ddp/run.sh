@@ -43,6 +43,7 @@ export PYTORCH_DDP_LINK=$link  # recorded in the summaries
 mkdir -p "$out"
 for hook in $hooks; do
   echo "== $hook: $link"
+  rm -f "$out/$hook.json"  # a summary from an earlier run must not pass for this one's
   bash "$wan_emu" run "${topology[@]}" -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" \
     --timeout 3600 -- $python "$here/train.py" --hook "$hook" --out "$out" \
     "${extra[@]+"${extra[@]}"}" | grep -E "^\[r0\]" || true
