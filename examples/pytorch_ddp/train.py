@@ -13,7 +13,7 @@ not counted), final accuracy, step times, and the bytes each rank put on its net
 interface per step (under wan-emu, where each rank has its own eth0).
 
     examples/pytorch_ddp/run.sh            # every hook under wan-emu, then the table
-    python3 examples/pytorch_ddp/train.py --spawn 2 --hook stellatrain --steps 20
+    /usr/bin/python3 examples/pytorch_ddp/train.py --spawn 2 --hook stellatrain --steps 20
 """
 import argparse
 import gzip
