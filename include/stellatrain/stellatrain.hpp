@@ -61,6 +61,7 @@
 #include <stellatrain/transport/metering.hpp>
 #include <stellatrain/transport/shaping.hpp>
 
+#include <stellatrain/pipeline/batch_split.hpp>
 #include <stellatrain/pipeline/bucket_plan.hpp>
 #include <stellatrain/pipeline/checkpoint.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
