@@ -150,22 +150,18 @@ def tx_bytes():
 
 
 def register(ddp, a):
-    """Registers the hook named by --hook; returns its state (or None)."""
+    """Registers the hook named by --hook (none: DDP's own allreduce)."""
     if a.hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        return None
-    if a.hook == "powersgd":
+    elif a.hook == "powersgd":
         state = powerSGD_hook.PowerSGDState(process_group=None,
                                             matrix_approximation_rank=a.powersgd_rank,
                                             start_powerSGD_iter=max(2, a.start_iter))
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-        return state
-    if a.hook == "stellatrain":
+    elif a.hook == "stellatrain":
         state = st.CompressionState(process_group=None, density=a.density, values=a.values,
                                     start_iter=a.start_iter)
         ddp.register_comm_hook(state, st.compression_hook)
-        return state
-    return None
 
 
 def train(rank, world, a):

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from .. import _native
 from ._checks import fp32_cpu_buffer
-from .kernels import _SELECTORS, _VALUES, threads_handle
+from .kernels import _SELECTORS, _VALUES, _choice, _count, threads_handle
 
 __all__ = ["CompressionState", "compression_hook"]
 
@@ -84,12 +84,9 @@ class CompressionState:
         if isinstance(density, bool) or not isinstance(density, (int, float)) or \
                 not 0.0 < density <= 1.0:
             raise ValueError(f"density must be in (0, 1], got {density!r}")
-        if selector not in _SELECTORS:
-            raise ValueError(f"selector must be one of {_SELECTORS}, got {selector!r}")
-        if values not in _VALUES:
-            raise ValueError(f"values must be one of {_VALUES}, got {values!r}")
-        if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
-            raise ValueError(f"start_iter must be an int >= 0, got {start_iter!r}")
+        _choice(selector, "selector", _SELECTORS)
+        _choice(values, "values", _VALUES)
+        _count(start_iter, "start_iter")
         self.process_group = process_group
         self.density = float(density)
         self.selector = selector

@@ -5,7 +5,7 @@ their own communication hooks (`stellatrain.torch.compression_hook` composes the
     idx, val = kernels.select_topk(grad, k)                 # exact top k by magnitude
     ef = kernels.ErrorFeedback(selector="threshold", values="bf16")
     idx, val = ef.compress(0, grad, k)                      # acc = g + r; send top k; keep rest
-    msg = kernels.pack(idx, val, grad.numel(), values="bf16")   # uint8 wire message
+    msg = kernels.pack(idx, val, grad.numel(), values_as="bf16")  # uint8 wire message
     idx, val = kernels.unpack(msg, grad.numel())            # validated: bad bytes raise
     mean = kernels.merge([(idx0, val0), (idx1, val1)], grad.numel())  # dense mean
 
