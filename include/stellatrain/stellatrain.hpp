@@ -59,14 +59,17 @@
 #include <stellatrain/transport/in_process.hpp>
 #include <stellatrain/transport/message_buffer.hpp>
 #include <stellatrain/transport/metering.hpp>
+#include <stellatrain/transport/rate_schedule.hpp>
 #include <stellatrain/transport/shaping.hpp>
 
 #include <stellatrain/pipeline/batch_split.hpp>
+#include <stellatrain/pipeline/batch_split_agreement.hpp>
 #include <stellatrain/pipeline/bucket_plan.hpp>
 #include <stellatrain/pipeline/checkpoint.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
 #include <stellatrain/pipeline/hierarchical_exchange.hpp>
 #include <stellatrain/pipeline/param_changes.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
+#include <stellatrain/pipeline/split_sampler.hpp>
 #include <stellatrain/pipeline/step_reports.hpp>
 #include <stellatrain/pipeline/update_log.hpp>

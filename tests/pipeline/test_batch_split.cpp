@@ -47,6 +47,13 @@ TEST_CASE("fit_compute_model falls back to a proportional model") {
     CHECK(m.fixed_seconds == 0);
     CHECK(m.per_example == Approx(0.32 / 32));
   }
+  SECTION("batch sizes too close to measure a slope") {
+    // 32 and 36 examples: the noise alone would make a slope of 0.01 s per example here.
+    const std::vector<compute_sample> s{{32, 0.32}, {36, 0.36}, {32, 0.30}, {36, 0.40}};
+    const auto m = fit_compute_model(s);
+    CHECK(m.fixed_seconds == 0);
+    CHECK(m.per_example == Approx(0.01).epsilon(0.02));
+  }
   SECTION("a slope that noise made negative") {
     const std::vector<compute_sample> s{{16, 0.5}, {32, 0.4}, {64, 0.3}};
     const auto m = fit_compute_model(s);

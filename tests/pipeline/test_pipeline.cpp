@@ -13,12 +13,15 @@
 #include "pipeline_support.hpp"
 #include "shuffling_transport.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 using namespace stellatrain;
@@ -72,6 +75,53 @@ TEST_CASE("4 ranks hold bit-identical parameters after 50 steps with shuffled de
       CHECK(o[i].link_bytes == observed[0][i].link_bytes);
     }
   }
+}
+
+// An evaluation between steps is no compute: the density policy sees the steps' compute
+// without the time the application excludes, and with it where it does not.
+TEST_CASE("pipeline: time excluded from compute does not reach the policy", "[pipeline]") {
+  const auto pause = std::chrono::milliseconds(100);
+  auto median_compute = [&](bool exclude) {
+    std::vector<std::vector<step_measurement>> observed(2);
+    run_in_process(2, [&](in_process_transport& t) {
+      const int r = t.rank();
+      thread_pool pool{1};
+      pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, bf16>(),
+                 adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 20000, .staleness = 0},
+                 observing_density{0.05, &observed[static_cast<std::size_t>(r)]});
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+      p.start();
+      auto params = shaped_like_sizes();
+      for (int step = 0; step < 8; ++step) {
+        train(p, r, 1, params);
+        const auto t0 = std::chrono::steady_clock::now();
+        std::this_thread::sleep_for(pause);  // the evaluation
+        if (exclude) {
+          p.exclude_from_compute(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+      }
+    });
+    std::vector<double> c;
+    for (const auto& m : observed[0]) c.push_back(m.compute_seconds);
+    REQUIRE(c.size() >= 4);
+    std::sort(c.begin(), c.end());
+    return c[c.size() / 2];
+  };
+  CHECK(median_compute(false) >= 0.1);
+  CHECK(median_compute(true) < 0.05);
+}
+
+TEST_CASE("pipeline: exclude_from_compute rejects a negative time", "[pipeline]") {
+  run_in_process(1, [&](in_process_transport& t) {
+    thread_pool pool{1};
+    pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, bf16>(),
+               adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 20000}, fixed_density{0.05});
+    CHECK_THROWS_AS(p.exclude_from_compute(-1.0), stellatrain::error);
+    CHECK_THROWS_AS(p.exclude_from_compute(std::nan("")), stellatrain::error);
+    p.exclude_from_compute(0.5);
+  });
 }
 
 // Staleness 0: each forward reads exactly the updates through the step before, so two runs

@@ -250,3 +250,26 @@ TEST_CASE("shaping: the ranks of a cluster share its uplink; inside a cluster no
     CHECK_THROWS_AS(shaped_transport(std::move(raw), {.clusters = links}), error);
   });
 }
+
+TEST_CASE("rate_schedule: phases, parsing and bad input") {
+  const auto s = rate_schedule::parse("20:50,40:200.5");
+  REQUIRE(s.changes().size() == 2);
+  CHECK(s.rate_at(0, 500e6) == 500e6);
+  CHECK(s.rate_at(19.999, 500e6) == 500e6);
+  CHECK(s.rate_at(20, 500e6) == 50e6);
+  CHECK(s.rate_at(39, 500e6) == 50e6);
+  CHECK(s.rate_at(1e9, 500e6) == 200.5e6);
+  CHECK(rate_schedule::parse("0:1", 1e3).rate_at(0, 7) == 1e3);
+  CHECK(rate_schedule().rate_at(5, 7) == 7);
+  const auto units = rate_schedule::parse("20:50mbit,40:1gbit,60:300kbit,80:9bit");
+  CHECK(units.rate_at(20, 0) == 50e6);
+  CHECK(units.rate_at(40, 0) == 1e9);
+  CHECK(units.rate_at(60, 0) == 300e3);
+  CHECK(units.rate_at(80, 0) == 9);
+  CHECK(rate_schedule::parse("").empty());
+  for (const char* bad : {"20", "20:", ":50", "x:50", "20:50,", "20:50,10:100", "20:50,20:100",
+                          "20:0", "20:-5", "-1:50", "20:50mb", "20:mbit", "nan:50", "20:inf"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(rate_schedule::parse(bad), error);
+  }
+}

@@ -60,10 +60,12 @@ inline void check_model(const compute_model& m, std::size_t rank) {
 }  // namespace detail
 
 /// Fits a compute_model to `samples` with the Theil-Sen estimator: the slope is the median of
-/// the slopes between every two samples of different batch sizes, the intercept the median of
+/// the slopes between every two samples whose batch sizes differ by at least a quarter of the
+/// larger (closer pairs measure the timing noise more than the slope: two batches of 32 and 36
+/// examples differ by about as much as two runs of one batch do), the intercept the median of
 /// t - slope * b. Up to about 29% of the samples can be arbitrary outliers (a step that waited
-/// on the disk, a preempted thread) without moving the fit far. Fallbacks: with one batch size
-/// only, or a slope that noise made <= 0, the model is proportional (fixed 0, per_example the
+/// on the disk, a preempted thread) without moving the fit far. Fallbacks: without such a pair,
+/// or with a slope that noise made <= 0, the model is proportional (fixed 0, per_example the
 /// median of t / b); a negative intercept becomes 0. O(n^2) in the samples: keep a window.
 ///
 /// Throws stellatrain::error(invalid_argument) for no samples, a batch of 0, or a time that is
@@ -87,7 +89,8 @@ inline void check_model(const compute_model& m, std::size_t rank) {
   std::vector<double> slopes;
   for (std::size_t i = 0; i < samples.size(); ++i) {
     for (std::size_t j = i + 1; j < samples.size(); ++j) {
-      if (samples[i].batch == samples[j].batch) continue;
+      const auto [small, large] = std::minmax(samples[i].batch, samples[j].batch);
+      if (static_cast<double>(large - small) < 0.25 * static_cast<double>(large)) continue;
       slopes.push_back(
           (samples[j].seconds - samples[i].seconds) /
           (static_cast<double>(samples[j].batch) - static_cast<double>(samples[i].batch)));

@@ -496,6 +496,22 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     });
   }
 
+  /// Tells the pipeline that `seconds` of the time since this rank's last complete hand-over
+  /// went to work other than the step's forward and backward (an evaluation, a checkpoint, a
+  /// collective of the application's own): the step's compute time, which the density policy
+  /// lets the exchange take, is measured without it. Waits in the pipeline's own gates and in
+  /// flush() are left out already. Throws stellatrain::error(invalid_argument) for a time that
+  /// is negative or not finite.
+  void exclude_from_compute(double seconds) {
+    if (!std::isfinite(seconds) || seconds < 0) {
+      throw_error(errc::invalid_argument,
+                  "pipeline: exclude_from_compute needs a finite time >= 0, got " +
+                      std::to_string(seconds));
+    }
+    std::lock_guard lock(mutex_);
+    gate_wait_in_step_ += seconds;
+  }
+
   /// Steps whose gradients were all handed over.
   [[nodiscard]] std::int64_t steps_pushed() const {
     std::lock_guard lock(mutex_);
