@@ -15,7 +15,11 @@
 # so when they are missing. Environment: WAN_EMU (default ../shared/tools/wan-emu beside the
 # checkout), WAN_BACKENDS ("mpi zmq"), WAN_LINKS ("100mbit:10 1gbit:5": rate:one-way ms),
 # WAN_CLUSTERS ("2,2": wan-emu's -c), WAN_CC (reno; "host" keeps the host's default
-# congestion control).
+# congestion control), WAN_SCHEDULE (wan-emu's --schedule: every uplink's rate over the run's
+# wall time, e.g. 20:50mbit,40:200mbit; the holistic configuration's fluctuating link).
+# The scenarios of scripts/scenarios.py over the kernel's shaping, for example:
+#   WAN_BACKENDS=zmq WAN_CLUSTERS=1,1,1,1 WAN_LINKS=100mbit:10 bench/wan/run.sh build/demo -- \
+#       --mode stellatrain --batch 256 --device-rate 2048 --slow-rank 3:2 --split holistic
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 build=${1:-$root/build/demo}
@@ -25,6 +29,8 @@ extra=("$@")
 backends=${WAN_BACKENDS:-mpi zmq}
 links=${WAN_LINKS:-100mbit:10 1gbit:5}
 clusters=${WAN_CLUSTERS:-2,2}
+schedule_args=()
+if [ -n "${WAN_SCHEDULE:-}" ]; then schedule_args=(--schedule "$WAN_SCHEDULE"); fi
 ranks=0
 for c in ${clusters//,/ }; do ranks=$((ranks + c)); done
 trainer="$build/examples/train_fashion_mnist/train_fashion_mnist"
@@ -45,10 +51,12 @@ for link in $links; do
           "${extra[@]+"${extra[@]}"}")
     if [ "$backend" = mpi ]; then
       OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-        bash "$wan_emu" run -c "$clusters" -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" --rank0 --timeout 1800 -- \
+        bash "$wan_emu" run -c "$clusters" -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" \
+        "${schedule_args[@]+"${schedule_args[@]}"}" --rank0 --timeout 1800 -- \
         mpirun -np "$ranks" -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM "$trainer" "${args[@]}"
     else
-      bash "$wan_emu" run -c "$clusters" -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" --timeout 1800 -- sh -c '
+      bash "$wan_emu" run -c "$clusters" -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" \
+        "${schedule_args[@]+"${schedule_args[@]}"}" --timeout 1800 -- sh -c '
         export STELLATRAIN_RANK=$WAN_EMU_RANK
         peers=""; for a in $WAN_EMU_ADDRS; do peers="$peers,tcp://$a:5555"; done
         export STELLATRAIN_ZMQ_PEERS=${peers#,}

@@ -7,6 +7,7 @@
 #include <stellatrain/stellatrain.hpp>  // every CPU part; GPU parts: <stellatrain/cuda.cuh>
 // [include]
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -200,6 +201,30 @@ void train_in_clusters(stellatrain::in_process_transport& lan,
   run_steps(p, model, steps);
 }
 
+// "GPUs of different speeds": each rank takes its part of the global batch from the split that
+// every rank agreed on, measured by its own compute time.
+void split_steps(stellatrain::in_process_transport& transport, int steps) {
+  const auto compute = [](std::span<const std::uint64_t> examples) {
+    double sum = 0;  // stands for the forward and backward of these examples
+    for (auto e : examples) sum += std::sqrt(static_cast<double>(e));
+    return sum;
+  };
+  // [split]
+  stellatrain::batch_split_agreement split(
+      transport, {.global_batch = 256, .bounds = {.min_per_rank = 8, .max_per_rank = 256}});
+  stellatrain::split_sampler sampler(/*examples=*/60'000, /*seed=*/1);
+  std::vector<std::uint64_t> mine;
+  for (int step = 0; step < steps; ++step) {
+    sampler.next(split.split(), static_cast<std::size_t>(transport.rank()), mine);
+    const auto t0 = std::chrono::steady_clock::now();
+    compute(mine);  // then scale the gradient by split.my_weight() and hand it over
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+    split.end_step(took.count());  // every `interval` steps: one all-gather, the same split
+  }
+  // [split]
+  require(split.decisions() == static_cast<std::uint64_t>(steps) / 10, "split: decisions");
+}
+
 }  // namespace
 
 int main() {
@@ -216,6 +241,9 @@ int main() {
     stellatrain::run_in_process(2, [](stellatrain::in_process_transport& transport) {
       toy_model model;
       train(transport, model, /*steps=*/5);
+    });
+    stellatrain::run_in_process(2, [](stellatrain::in_process_transport& transport) {
+      split_steps(transport, /*steps=*/20);
     });
     setenv("STELLATRAIN_CLUSTERS", "2,2", /*overwrite=*/1);
     stellatrain::run_in_process_clusters(

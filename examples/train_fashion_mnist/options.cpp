@@ -5,6 +5,7 @@
 
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/transport/cluster_topology.hpp>
+#include <stellatrain/transport/rate_schedule.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -192,6 +193,54 @@ std::optional<int> parse_options(int argc, char** argv, settings& s) {
                  "the pipeline to drain)")
       ->check(integer_in(0, 1))
       ->capture_default_str();
+  app.add_option("--split", s.split,
+                 "how the global batch (--batch times the ranks) goes to the ranks: equal, or "
+                 "holistic (by the ranks' measured compute speeds, agreed every --split-interval "
+                 "steps)")
+      ->check(CLI::IsMember({"equal", "holistic"}))
+      ->capture_default_str();
+  app.add_option("--split-interval", s.split_interval,
+                 "steps between the ranks' exchanges of their compute times")
+      ->check(integer_in(1, max_int))
+      ->capture_default_str();
+  app.add_option("--device-rate", s.device_rate,
+                 "examples per second of each rank's emulated device: a rank computes its "
+                 "forward and backward, then waits until its batch over this rate has passed "
+                 "(the real time counts where it is longer); 0: the CPU's own pace, shared by "
+                 "the ranks that are threads of this process")
+      ->check(number_in(0, 1e9))
+      ->capture_default_str();
+  std::vector<std::string> slow;
+  app.add_option("--slow-rank", slow,
+                 "RANK:FACTOR, repeatable: that rank emulates a device FACTOR times slower: "
+                 "with --device-rate, a device of that rate over FACTOR; without, it waits "
+                 "(FACTOR - 1) times its measured forward and backward after each")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            const auto colon = text.find(':');
+            int r = 0;
+            double f = 0;
+            if (colon == std::string::npos || !parse_whole(text.substr(0, colon), r) || r < 0 ||
+                !parse_whole(text.substr(colon + 1), f) || !std::isfinite(f) || f < 1 || f > 100) {
+              return "'" + text + "' is not RANK:FACTOR with a rank >= 0 and 1 <= FACTOR <= 100";
+            }
+            return {};
+          },
+          "RANK:FACTOR"));
+  auto* schedule = app.add_option(
+      "--bandwidth-schedule", s.bandwidth_schedule,
+      "the uplinks' rate over each mode's training time, SECONDS:MBITS,... (e.g. 20:50,40:200; "
+      "tc units as 50mbit also work); before the first change --bandwidth");
+  schedule->check(CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          (void)st::rate_schedule::parse(text);
+        } catch (const st::error& e) {
+          return e.what();
+        }
+        return {};
+      },
+      "SCHEDULE"));
   app.add_option("--eval-every", s.eval_every, "steps between evaluations")
       ->check(integer_in(1, max_int))
       ->capture_default_str();
@@ -234,6 +283,23 @@ std::optional<int> parse_options(int argc, char** argv, settings& s) {
       }
     }
     if (bandwidth->count() == 0) s.bandwidth_mbps = inproc ? 100 : 0;
+    if (schedule->count() > 0 && !(s.bandwidth_mbps > 0)) {
+      throw CLI::ValidationError("--bandwidth-schedule",
+                                 "needs links shaped by the library (--bandwidth > 0)");
+    }
+    s.slow_ranks.clear();
+    for (const auto& text : slow) {
+      const auto colon = text.find(':');
+      int r = 0;
+      double f = 1;
+      parse_whole(text.substr(0, colon), r);
+      parse_whole(text.substr(colon + 1), f);
+      if (inproc && r >= s.ranks) {
+        throw CLI::ValidationError("--slow-rank",
+                                   text + ": there are " + std::to_string(s.ranks) + " ranks");
+      }
+      s.slow_ranks.emplace_back(r, f);
+    }
     if (rtt->count() == 0) s.rtt_ms = inproc ? 20 : 0;
     if (const std::string why = check_writable(s.out); !why.empty())
       throw CLI::ValidationError("--out", why);

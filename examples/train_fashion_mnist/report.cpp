@@ -40,6 +40,13 @@ json optional_number(std::optional<double> v) {
   return *v;
 }
 
+json slow_ranks_of(const settings& s) {
+  json out = json::array();
+  for (const auto& [rank, factor] : s.slow_ranks)
+    out.push_back({{"rank", rank}, {"factor", factor}});
+  return out;
+}
+
 json options_of(const settings& s) {
   return {{"transport", s.transport},
           {"ranks", s.ranks},
@@ -59,6 +66,11 @@ json options_of(const settings& s) {
           {"lr_end", decimal(s.lr_end)},
           {"decay_steps", s.decay_steps},
           {"staleness", s.staleness},
+          {"split", s.split},
+          {"split_interval", s.split_interval},
+          {"slow_ranks", slow_ranks_of(s)},
+          {"device_rate", s.device_rate},
+          {"bandwidth_schedule", s.bandwidth_schedule},
           {"eval_every", s.eval_every},
           {"eval_samples", s.eval_samples},
           {"seed", s.seed},
@@ -121,6 +133,38 @@ std::string utc_now() {
   return buf;
 }
 
+// Per curve point: progress and the configuration in force (summary.json's "curve").
+json curve_of(const mode_result& r) {
+  json points = json::array();
+  for (const auto& p : r.curve) {
+    points.push_back({{"seconds", p.seconds},
+                      {"step", p.step},
+                      {"accuracy", p.accuracy},
+                      {"loss", p.loss},
+                      {"bytes", p.bytes},
+                      {"density", p.density},
+                      {"step_seconds", p.step_seconds},
+                      {"bandwidth_estimate_mbps", p.bandwidth_mbps},
+                      {"link_mbps", p.link_mbps},
+                      {"batches", p.split},
+                      {"compute_seconds", p.compute}});
+  }
+  return points;
+}
+
+// Per step: its end on the training clock and the configuration (summary.json's "timeline").
+json timeline_of(const mode_result& r) {
+  json points = json::array();
+  for (const auto& p : r.timeline) {
+    points.push_back({{"step", p.step},
+                      {"seconds", p.seconds},
+                      {"density", p.density},
+                      {"bandwidth_estimate_mbps", p.bandwidth_mbps},
+                      {"link_mbps", p.link_mbps}});
+  }
+  return points;
+}
+
 void write_summary_json(const std::filesystem::path& path, const settings& s,
                         const std::vector<mode_result>& results,
                         const std::vector<std::optional<double>>& speedup,
@@ -136,7 +180,10 @@ void write_summary_json(const std::filesystem::path& path, const settings& s,
         {"bytes_sent_rank0", r.bytes},
         {"wan_bytes_per_cluster", r.wan_bytes_per_cluster},
         {"speedup_vs_dense", optional_number(speedup[i])},
-        {"wall_s", r.seconds}};
+        {"wall_s", r.seconds},
+        {"split_changes", r.split_changes},
+        {"curve", curve_of(r)},
+        {"timeline", timeline_of(r)}};
   }
   const json summary = {{"target_accuracy", s.target},
                         {"run",
@@ -156,11 +203,18 @@ void write_summary_json(const std::filesystem::path& path, const settings& s,
 
 void write_curve_csv(const std::filesystem::path& path, const std::vector<mode_result>& results) {
   std::ofstream out(path);
-  out << "mode,seconds,step,epoch,loss,accuracy,bytes,density\n";
+  // batches and compute_seconds list the ranks in order, separated by ';'.
+  out << "mode,seconds,step,epoch,loss,accuracy,bytes,density,step_seconds,"
+         "bandwidth_estimate_mbps,link_mbps,batches,compute_seconds\n";
   for (const auto& r : results) {
     for (const auto& p : r.curve) {
       out << r.mode << ',' << p.seconds << ',' << p.step << ',' << p.epoch << ',' << p.loss << ','
-          << p.accuracy << ',' << p.bytes << ',' << p.density << '\n';
+          << p.accuracy << ',' << p.bytes << ',' << p.density << ',' << p.step_seconds << ','
+          << p.bandwidth_mbps << ',' << p.link_mbps << ',';
+      for (std::size_t i = 0; i < p.split.size(); ++i) out << (i ? ";" : "") << p.split[i];
+      out << ',';
+      for (std::size_t i = 0; i < p.compute.size(); ++i) out << (i ? ";" : "") << p.compute[i];
+      out << '\n';
     }
   }
 }
@@ -202,15 +256,18 @@ bool plot(const std::filesystem::path& dir, const std::vector<mode_result>& resu
           std::string& why) {
   for (const auto& r : results) {
     std::ofstream data(dir / ("curve_" + r.mode + ".dat"));
-    for (const auto& p : r.curve)
+    for (const auto& p : r.curve) {
+      // The full test set's point has no step time: NaN leaves it out of the step-time panel.
       data << p.seconds << ' ' << p.accuracy * 100 << ' ' << static_cast<double>(p.bytes) / 1e6
-           << '\n';
+           << ' ' << (p.step_seconds > 0 ? std::to_string(p.step_seconds * 1e3) : "NaN") << ' '
+           << p.density << ' ' << p.link_mbps << ' ' << p.bandwidth_mbps << '\n';
+    }
   }
   {
     std::ofstream gp(dir / "plot.gp");
-    gp << "set terminal pngcairo size 1100,450 font ',10'\n"
+    gp << "set terminal pngcairo size 1100,900 font ',10'\n"
        << "set output 'curve.png'\n"
-       << "set multiplot layout 1,2\n"
+       << "set multiplot layout 2,2\n"
        << "set xlabel 'wall time (s)'\nset ylabel 'test accuracy (%)'\nset grid\n"
        << "set key bottom right\nset logscale x\n"
        << "set arrow from graph 0, first " << target * 100 << " to graph 1, first " << target * 100
@@ -224,6 +281,23 @@ bool plot(const std::filesystem::path& dir, const std::vector<mode_result>& resu
     for (std::size_t i = 0; i < results.size(); ++i) {
       gp << (i ? ", " : "") << "'curve_" << results[i].mode << ".dat' using 1:3 with lines title '"
          << results[i].mode << "'";
+    }
+    // The configuration in force: step time, and the density chosen against the link.
+    gp << "\nunset logscale\nset logscale x\nset ylabel 'wall time per step (ms)'\n"
+       << "set key top right\nplot ";
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      gp << (i ? ", " : "") << "'curve_" << results[i].mode << ".dat' using 1:4 with steps title '"
+         << results[i].mode << "'";
+    }
+    gp << "\nset ylabel 'density (k/n)'\nset logscale y\nset y2label 'uplink (Mbit/s)'\n"
+       << "set y2tics\nset key bottom right\nplot ";
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      gp << (i ? ", " : "") << "'curve_" << results[i].mode << ".dat' using 1:5 with steps title '"
+         << results[i].mode << " density'";
+    }
+    if (!results.empty()) {
+      gp << ", 'curve_" << results.front().mode
+         << ".dat' using 1:6 axes x1y2 with steps dashtype 2 linewidth 2 title 'uplink rate'";
     }
     gp << "\nunset multiplot\n";
   }

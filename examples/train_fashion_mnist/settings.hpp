@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fashion_mnist {
@@ -25,7 +26,7 @@ struct settings {
   std::string transport = "inprocess";
   std::string out = "out/demo";
   std::vector<std::string> modes;  // of mode_names, in this order
-  int batch = 32;                  // per rank
+  int batch = 32;                  // per rank: the global batch is batch * ranks
   int hidden = 1024;
   float lr = 1e-3f;         // dense mode
   float sparse_lr = 3e-3f;  // stellatrain mode
@@ -36,6 +37,11 @@ struct settings {
   std::uint64_t seed = 1;
   std::string data = default_directory;
   int staleness = 0;
+  std::string split = "equal";  // equal | holistic: how the global batch goes to the ranks
+  int split_interval = 10;      // steps between the ranks' exchanges of compute times
+  std::vector<std::pair<int, double>> slow_ranks;  // (rank, factor): compute emulated slower
+  double device_rate = 0;  // examples/s of each rank's emulated device (0: the CPU's own pace)
+  std::string bandwidth_schedule;         // "T:R,..." (seconds since the mode's start : Mbit/s)
   std::vector<std::string> command_line;  // as given, for summary.json
 
   /// Whether the library shapes the links (else the network decides).

@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
       topo.emplace(topology_of(s, s.ranks));
       const auto links = uplinks(s, *topo);
       st::run_in_process(s.ranks, [&](st::in_process_transport& t) {
-        fm::train(link_of(std::move(t), s, links), *topo, s, d, &results);
+        fm::train(link_of(std::move(t), s, links), *topo, s, d, links, &results);
       });
     } else if (s.transport == "mpi") {
 #if STELLATRAIN_DEMO_WITH_MPI
@@ -116,7 +116,8 @@ int main(int argc, char** argv) {
       my_rank = t.rank();
       if (my_rank == 0) std::printf("Fashion-MNIST over MPI: %d ranks\n", ranks);
       topo.emplace(topology_of(s, ranks));
-      fm::train(link_of(std::move(t), s, uplinks(s, *topo)), *topo, s, d, &results);
+      const auto links = uplinks(s, *topo);
+      fm::train(link_of(std::move(t), s, links), *topo, s, d, links, &results);
 #endif
     } else {
 #if STELLATRAIN_DEMO_WITH_ZMQ
@@ -125,7 +126,8 @@ int main(int argc, char** argv) {
       my_rank = t.rank();
       if (my_rank == 0) std::printf("Fashion-MNIST over ZeroMQ: %d ranks\n", ranks);
       topo.emplace(topology_of(s, ranks));
-      fm::train(link_of(std::move(t), s, uplinks(s, *topo)), *topo, s, d, &results);
+      const auto links = uplinks(s, *topo);
+      fm::train(link_of(std::move(t), s, links), *topo, s, d, links, &results);
 #endif
     }
     if (my_rank == 0) fm::report(s, results, *topo);

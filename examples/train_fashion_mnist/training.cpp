@@ -12,20 +12,24 @@
 #include <stellatrain/compress/error_feedback.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 #include <stellatrain/optim/adam.hpp>
+#include <stellatrain/pipeline/batch_split_agreement.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
+#include <stellatrain/pipeline/split_sampler.hpp>
 #include <stellatrain/transport/allgather.hpp>
 #include <stellatrain/transport/allreduce.hpp>
 #include <stellatrain/transport/barrier.hpp>
 #include <stellatrain/transport/group.hpp>
 #include <stellatrain/transport/metering.hpp>
+#include <stellatrain/transport/rate_schedule.hpp>
+#include <stellatrain/transport/shaping.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <optional>
-#include <random>
 #include <span>
+#include <thread>
 #include <utility>
 
 namespace fashion_mnist {
@@ -54,34 +58,6 @@ class training_clock {
   double paused_ = 0;
 };
 
-// The examples of rank r of P for step s: a fixed random order of the rank's shard.
-class shard {
- public:
-  shard(std::size_t count, int rank, int ranks, std::uint64_t seed) {
-    for (std::size_t i = static_cast<std::size_t>(rank); i < count;
-         i += static_cast<std::size_t>(ranks))
-      order_.push_back(i);
-    std::mt19937_64 rng(seed * 7919 + static_cast<std::uint64_t>(rank));
-    std::shuffle(order_.begin(), order_.end(), rng);
-  }
-  void batch(const fm::dataset& d, std::uint64_t step, int size, std::vector<float>& x,
-             std::vector<std::uint8_t>& y) const {
-    x.resize(static_cast<std::size_t>(size) * fm::dataset::pixels);
-    y.resize(static_cast<std::size_t>(size));
-    for (int b = 0; b < size; ++b) {
-      const std::size_t i =
-          order_[(step * static_cast<std::size_t>(size) + static_cast<std::size_t>(b)) %
-                 order_.size()];
-      std::copy_n(d.images.data() + i * fm::dataset::pixels, fm::dataset::pixels,
-                  x.data() + static_cast<std::size_t>(b) * fm::dataset::pixels);
-      y[static_cast<std::size_t>(b)] = d.labels[i];
-    }
-  }
-
- private:
-  std::vector<std::size_t> order_;
-};
-
 // The learning rate of step `step` for a mode that starts at `start`: linear to s.lr_end over
 // s.decay_steps steps, then constant.
 float learning_rate(const settings& s, float start, std::uint64_t step) {
@@ -90,10 +66,152 @@ float learning_rate(const settings& s, float start, std::uint64_t step) {
   return static_cast<float>(start + (static_cast<double>(s.lr_end) - start) * f);
 }
 
+// Every mode runs over the rank's metered, type-erased link (see training.hpp).
+using metered_link = st::metered_transport<st::any_transport>;
+
+// The largest batch one rank computes (the model's buffers hold it).
+std::uint64_t batch_capacity(const settings& s) {
+  return static_cast<std::uint64_t>(std::max(s.batch, 500));
+}
+
+// The examples of this rank's steps: the global batch (s.batch per rank on average) split
+// equally or by the ranks' measured speeds (--split), drawn so that an epoch uses every
+// example once whatever the split. Also emulates the rank's device: with --device-rate R
+// (over the rank's --slow-rank factor F), a rank whose forward and backward of b examples
+// took less than b F / R waits for the rest, as that device would keep it busy; without, a
+// slower rank waits (F - 1) times what they took. It reports the longer time.
+class rank_batches {
+ public:
+  rank_batches(metered_link& t, const settings& s, const fm::data& d)
+      : rank_(static_cast<std::size_t>(t.rank())),
+        sampler_(d.train.count, s.seed),
+        agreement_(t, {.global_batch = static_cast<std::uint64_t>(s.batch) *
+                                       static_cast<std::uint64_t>(t.size()),
+                       .bounds = {.min_per_rank = 1, .max_per_rank = batch_capacity(s)},
+                       .interval = static_cast<std::uint64_t>(s.split_interval),
+                       .adapt = s.split == "holistic",
+                       .timeout = std::chrono::minutes(10)}),
+        slowdown_(slowdown_of(s, t.rank())),
+        device_rate_(s.device_rate / slowdown_) {}
+
+  static double slowdown_of(const settings& s, int rank) {
+    double f = 1;
+    for (const auto& [r, factor] : s.slow_ranks)
+      if (r == rank) f = factor;
+    return f;
+  }
+
+  [[nodiscard]] int size() const { return static_cast<int>(agreement_.my_batch()); }
+  [[nodiscard]] const std::vector<std::uint64_t>& split() const { return agreement_.split(); }
+  [[nodiscard]] const st::batch_split_agreement<metered_link>& agreement() const {
+    return agreement_;
+  }
+
+  // The inputs and labels of this rank's part of the next step.
+  void next(const fm::dataset& d, std::vector<float>& x, std::vector<std::uint8_t>& y) {
+    sampler_.next(agreement_.split(), rank_, indices_);
+    x.resize(indices_.size() * fm::dataset::pixels);
+    y.resize(indices_.size());
+    for (std::size_t b = 0; b < indices_.size(); ++b) {
+      std::copy_n(d.images.data() + indices_[b] * fm::dataset::pixels, fm::dataset::pixels,
+                  x.data() + b * fm::dataset::pixels);
+      y[b] = d.labels[indices_[b]];
+    }
+  }
+
+  // Scales the gradient (the mean over this rank's examples) by b_i * P / B, so that the
+  // exchange's average is the mean over the global batch.
+  void weigh(std::span<float> grad) const {
+    const double w = agreement_.my_weight();
+    if (w == 1.0) return;
+    for (auto& v : grad) v = static_cast<float>(v * w);
+  }
+
+  // After the forward and backward of next()'s batch took `seconds`: the emulated slowdown,
+  // then the split's bookkeeping (every split_interval steps a collective of all ranks).
+  // Returns the seconds that bookkeeping took (no compute: the pipeline leaves it out).
+  double computed(double seconds) {
+    if (device_rate_ > 0) {
+      const double device = static_cast<double>(size()) / device_rate_;
+      if (device > seconds) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(device - seconds));
+        seconds = device;
+      }
+    } else if (slowdown_ > 1) {
+      std::this_thread::sleep_for(std::chrono::duration<double>((slowdown_ - 1) * seconds));
+      seconds *= slowdown_;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    agreement_.end_step(seconds);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+ private:
+  std::size_t rank_;
+  st::split_sampler sampler_;
+  st::batch_split_agreement<metered_link> agreement_;
+  double slowdown_;
+  double device_rate_;
+  std::vector<std::uint64_t> indices_;
+};
+
+// The uplinks' rate from --bandwidth-schedule, applied at step boundaries on this rank's
+// training clock (evaluations do not advance it).
+class link_schedule {
+ public:
+  link_schedule(const settings& s, std::shared_ptr<st::cluster_links> links)
+      : links_(std::move(links)), initial_(s.bandwidth_mbps * 1e6) {
+    if (!s.bandwidth_schedule.empty()) schedule_ = st::rate_schedule::parse(s.bandwidth_schedule);
+    if (links_) links_->set_rate(initial_);
+  }
+  void at(double seconds) {
+    if (!links_ || schedule_.empty()) return;
+    const double rate = schedule_.rate_at(seconds, initial_);
+    if (rate != applied_) {
+      links_->set_rate(rate);
+      applied_ = rate;
+    }
+  }
+  [[nodiscard]] double mbps() const { return links_ ? links_->rate(0) / 1e6 : 0.0; }
+  // Back to the starting rate for the next mode.
+  ~link_schedule() {
+    if (links_) links_->set_rate(initial_);
+  }
+
+ private:
+  std::shared_ptr<st::cluster_links> links_;
+  double initial_;
+  double applied_ = -1;
+  st::rate_schedule schedule_;
+};
+
 std::uint64_t steps_of(const settings& s, int ranks, const data& d) {
   const double per_step = static_cast<double>(ranks) * static_cast<double>(s.batch);
   return static_cast<std::uint64_t>(
       std::ceil(s.epochs * static_cast<double>(d.train.count) / per_step));
+}
+
+// What a curve point records besides the accuracy: the configuration and the step times.
+struct step_state {
+  double density = 1;
+  double bandwidth_mbps = 0;
+  double link_mbps = 0;
+  std::vector<std::uint64_t> split;
+  std::vector<double> compute;
+};
+
+step_state state_of(const rank_batches& batches, double density, double bandwidth_mbps,
+                    double link_mbps) {
+  step_state st{density, bandwidth_mbps, link_mbps, batches.split(), {}};
+  for (const auto& sample : batches.agreement().latest_samples())
+    st.compute.push_back(sample.seconds);
+  return st;
+}
+
+// Whether rank 0 evaluates after step `step` (counted from 0). Every rank then waits for it, so
+// that no rank computes ahead while rank 0's clock is paused.
+bool evaluates(const settings& s, std::uint64_t step, std::uint64_t steps) {
+  return (step + 1) % static_cast<std::uint64_t>(s.eval_every) == 0 || step + 1 == steps;
 }
 
 // Evaluation and progress on rank 0; records when the target is first reached.
@@ -106,9 +224,11 @@ struct progress {
   double loss_sum = 0;
   int loss_count = 0;
   double last_loss = 0;
+  double last_seconds = 0;
+  std::uint64_t last_step = 0;
 
   void record(fm::mlp& net, std::span<const float> params, std::uint64_t step, double seconds,
-              std::uint64_t bytes, double density, bool final_eval) {
+              std::uint64_t bytes, const step_state& now, bool final_eval) {
     const std::size_t n = final_eval ? d.test.count : std::min(s.eval_samples, d.test.count);
     const double acc =
         static_cast<double>(net.correct(params, d.test.images.data(), d.test.labels.data(), n)) /
@@ -120,25 +240,31 @@ struct progress {
     loss_count = 0;
     const double epoch = static_cast<double>(step) * static_cast<double>(s.batch) *
                          static_cast<double>(ranks) / static_cast<double>(d.train.count);
-    out.curve.push_back({seconds, step, epoch, loss, acc, bytes, density});
+    const double step_seconds =
+        step > last_step ? (seconds - last_seconds) / static_cast<double>(step - last_step) : 0.0;
+    if (step > last_step) {
+      last_seconds = seconds;
+      last_step = step;
+    }
+    out.curve.push_back({seconds, step, epoch, loss, acc, bytes, now.density, step_seconds,
+                         now.bandwidth_mbps, now.link_mbps, now.split, now.compute});
     if (!out.time_to_target && acc >= s.target && !final_eval) {
       out.time_to_target = seconds;
       out.steps_to_target = step;
     }
     if (final_eval) out.final_accuracy = acc;
+    std::string split;
+    for (auto b : now.split) split += (split.empty() ? "" : ",") + std::to_string(b);
     std::printf(
         "  %-11s step %4llu/%llu  epoch %.2f  loss %.4f  acc %5.2f%%%s  %7.1f s  %9.2f MB sent  "
-        "density %.4f\n",
+        "density %.4f  %5.0f ms/step  batches %s\n",
         out.mode.c_str(), static_cast<unsigned long long>(step),
         static_cast<unsigned long long>(steps), epoch, loss, acc * 100,
         final_eval ? " (full test set)" : "               ", seconds,
-        static_cast<double>(bytes) / 1e6, density);
+        static_cast<double>(bytes) / 1e6, now.density, step_seconds * 1e3, split.c_str());
     std::fflush(stdout);
   }
 };
-
-// Every mode runs over the rank's metered, type-erased link (see training.hpp).
-using metered_link = st::metered_transport<st::any_transport>;
 
 // Both tiers of the hierarchical modes are views of that link (the LAN: the cluster's ranks).
 using group_link = st::group_transport<metered_link>;
@@ -183,7 +309,7 @@ std::uint64_t wan_bytes_per_cluster(metered_link& t, const st::cluster_topology&
 // The model, its parameters initialised from `seed`.
 fm::mlp make_model(const settings& s, std::vector<float>& params, std::uint64_t seed) {
   fm::mlp net({static_cast<int>(fm::dataset::pixels), s.hidden, s.hidden, fm::dataset::classes},
-              std::max(s.batch, 500));
+              static_cast<int>(batch_capacity(s)));
   params.resize(net.parameter_count());
   net.initialize(params, seed);
   return net;
@@ -238,7 +364,7 @@ class dense_hierarchy {
 };
 
 void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchical,
-               const settings& s, const data& d, fm::mode_result* out) {
+               const settings& s, const data& d, link_schedule& links, fm::mode_result* out) {
   const int r = t.rank();
   const int ranks = t.size();
   std::optional<dense_hierarchy> hier;
@@ -249,7 +375,7 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
   st::adam_optimizer adam({.lr = s.lr});
   adam.add_tensor(params);
   std::vector<float> grad(params.size());
-  const shard my_shard(d.train.count, r, ranks, s.seed);
+  rank_batches batches(t, s, d);
   std::vector<float> x;
   std::vector<std::uint8_t> y;
   const std::uint64_t steps = steps_of(s, ranks, d);
@@ -261,8 +387,13 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
   const std::uint64_t wan0 = wan_bytes(t, topo);
   training_clock clock;
   for (std::uint64_t step = 0; step < steps; ++step) {
-    my_shard.batch(d.train, step, s.batch, x, y);
-    const float loss = net.forward_backward(adam.params(0), x.data(), y.data(), s.batch, grad);
+    links.at(clock.seconds());
+    batches.next(d.train, x, y);
+    const auto c0 = std::chrono::steady_clock::now();
+    const float loss =
+        net.forward_backward(adam.params(0), x.data(), y.data(), batches.size(), grad);
+    batches.weigh(grad);
+    batches.computed(std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count());
     if (hier) {
       hier->allreduce(std::span<float>(grad), ranks);
     } else {
@@ -271,22 +402,29 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
     }
     adam.set_learning_rate(learning_rate(s, s.lr, step));
     adam.step(0, std::span<const float>(grad));
+    const double now = clock.seconds();
     if (prog) {
       prog->loss_sum += loss;
       ++prog->loss_count;
-      if ((step + 1) % static_cast<std::uint64_t>(s.eval_every) == 0 || step + 1 == steps) {
-        const double now = clock.seconds();
-        clock.paused([&] {
-          prog->record(net, adam.params(0), step + 1, now, sent_bytes(t) - bytes0, 1.0, false);
-        });
-      }
+      prog->out.timeline.push_back({step + 1, now, 1.0, 0.0, links.mbps()});
+    }
+    if (evaluates(s, step, steps)) {
+      clock.paused([&] {
+        if (prog) {
+          prog->record(net, adam.params(0), step + 1, now, sent_bytes(t) - bytes0,
+                       state_of(batches, 1.0, 0.0, links.mbps()), false);
+        }
+        st::barrier(t);
+      });
     }
   }
   if (prog) {
     out->seconds = clock.seconds();
     out->steps = steps;
     out->bytes = sent_bytes(t) - bytes0;
-    prog->record(net, adam.params(0), steps, out->seconds, out->bytes, 1.0, true);
+    prog->record(net, adam.params(0), steps, out->seconds, out->bytes,
+                 state_of(batches, 1.0, 0.0, links.mbps()), true);
+    out->split_changes = batches.agreement().changes();
   }
   const std::uint64_t wan = wan_bytes_per_cluster(t, topo, wan0);
   if (out) out->wan_bytes_per_cluster = wan;
@@ -295,7 +433,7 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
 
 // ---------------------------------------------------------------------------------- stellatrain
 void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hierarchical,
-                     const settings& s, const data& d, fm::mode_result* out) {
+                     const settings& s, const data& d, link_schedule& links, fm::mode_result* out) {
   const int r = t.rank();
   const int ranks = t.size();
   group_link wan = everyone(t);
@@ -307,9 +445,9 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
   const double latency_s = s.rtt_ms / 2000.0;
   using compressor = st::error_feedback_compressor<st::threshold_selector<>, st::bf16>;
   using pipeline = st::pipeline<compressor, group_link, st::adam_optimizer, st::thread_pool>;
-  const auto make = [&](auto&& links) {
+  const auto make = [&](auto&& exchange_links) {
     return std::make_unique<pipeline>(
-        links, pool, compressor(), st::adam_optimizer({.lr = s.sparse_lr}),
+        exchange_links, pool, compressor(), st::adam_optimizer({.lr = s.sparse_lr}),
         // In one process every rank's shaped link carries its P-1 copies at the link
         // rate whatever the order: the direct all-gather pays the latency once. Over
         // real TCP the automatic choice (a ring for more than 2 ranks) keeps one flow
@@ -336,7 +474,7 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
   }
   p.start();
   std::vector<float> grad(params.size());
-  const shard my_shard(d.train.count, r, ranks, s.seed);
+  rank_batches batches(t, s, d);
   std::vector<float> x;
   std::vector<std::uint8_t> y;
   const std::uint64_t steps = steps_of(s, ranks, d);
@@ -371,22 +509,40 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
       if (s.staleness > 0) p.flush();
       p.optimizer().set_learning_rate(lr);
     }
-    my_shard.batch(d.train, step, s.batch, x, y);
-    const float loss = net.forward_backward(params, x.data(), y.data(), s.batch, grad);
+    links.at(clock.seconds());
+    batches.next(d.train, x, y);
+    const auto c0 = std::chrono::steady_clock::now();
+    const float loss = net.forward_backward(params, x.data(), y.data(), batches.size(), grad);
+    batches.weigh(grad);
+    p.exclude_from_compute(batches.computed(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count()));
     for (std::size_t i = tensors.size(); i-- > 0;) {  // backward order: last layer first
       p.push_gradient(i, std::span<const float>(grad).subspan(tensors[i].offset, tensors[i].size));
     }
+    // Evaluations see every update through this step; waiting for them is training time (with
+    // staleness 0 the next step would wait as long).
+    const bool evaluated = evaluates(s, step, steps);
+    if (evaluated) fetch_all();
+    const double now = clock.seconds();
     if (prog) {
       prog->loss_sum += loss;
       ++prog->loss_count;
-      if ((step + 1) % static_cast<std::uint64_t>(s.eval_every) == 0 || step + 1 == steps) {
-        const double now = clock.seconds();
-        const double density = p.stats().last_density;
-        clock.paused([&] {
-          fetch_all();  // evaluate with every update through this step
-          prog->record(net, params, step + 1, now, sent_bytes(t) - bytes0, density, false);
-        });
-      }
+      prog->out.timeline.push_back(
+          {step + 1, now, p.stats().last_density, p.policy().bandwidth() * 8 / 1e6, links.mbps()});
+    }
+    if (evaluated) {
+      const auto e0 = std::chrono::steady_clock::now();
+      clock.paused([&] {
+        if (prog) {
+          prog->record(net, params, step + 1, now, sent_bytes(t) - bytes0,
+                       state_of(batches, p.stats().last_density, p.policy().bandwidth() * 8 / 1e6,
+                                links.mbps()),
+                       false);
+        }
+        st::barrier(t);
+      });
+      p.exclude_from_compute(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count());
     }
   }
   fetch_all();
@@ -394,7 +550,11 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
     out->seconds = clock.seconds();
     out->steps = steps;
     out->bytes = sent_bytes(t) - bytes0;
-    prog->record(net, params, steps, out->seconds, out->bytes, p.stats().last_density, true);
+    prog->record(
+        net, params, steps, out->seconds, out->bytes,
+        state_of(batches, p.stats().last_density, p.policy().bandwidth() * 8 / 1e6, links.mbps()),
+        true);
+    out->split_changes = batches.agreement().changes();
   }
   const std::uint64_t wan_total = wan_bytes_per_cluster(t, topo, wan0);
   if (out) out->wan_bytes_per_cluster = wan_total;
@@ -402,6 +562,7 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
 }
 
 void run_modes(metered_link& t, const st::cluster_topology& topo, const settings& s, const data& d,
+               const std::shared_ptr<st::cluster_links>& uplinks,
                std::vector<fm::mode_result>* results) {
   static const char* what[] = {
       "averaged gradients through a dense ring all-reduce over every rank",
@@ -416,10 +577,11 @@ void run_modes(metered_link& t, const st::cluster_topology& topo, const settings
     res.mode = mode;
     fm::mode_result* out = t.rank() == 0 ? &res : nullptr;
     const bool hierarchical = mode.ends_with("-hier");
+    link_schedule links(s, uplinks);
     if (mode.starts_with("dense")) {
-      run_dense(t, topo, hierarchical, s, d, out);
+      run_dense(t, topo, hierarchical, s, d, links, out);
     } else {
-      run_stellatrain(t, topo, hierarchical, s, d, out);
+      run_stellatrain(t, topo, hierarchical, s, d, links, out);
     }
     if (t.rank() == 0) results->push_back(std::move(res));
   }
@@ -428,10 +590,18 @@ void run_modes(metered_link& t, const st::cluster_topology& topo, const settings
 }  // namespace
 
 void train(st::any_transport rank_link, const st::cluster_topology& topology, const settings& s,
-           const data& d, std::vector<mode_result>* results) {
+           const data& d, const std::shared_ptr<st::cluster_links>& uplinks,
+           std::vector<mode_result>* results) {
   metered_link t(std::move(rank_link));
   topology.check_world(t.size(), "--clusters");
-  run_modes(t, topology, s, d, results);
+  for (const auto& [r, factor] : s.slow_ranks) {
+    if (r >= t.size()) {
+      throw st::error(st::errc::invalid_argument, "--slow-rank " + std::to_string(r) + ":" +
+                                                      std::to_string(factor) + ": only " +
+                                                      std::to_string(t.size()) + " ranks");
+    }
+  }
+  run_modes(t, topology, s, d, uplinks, results);
 }
 
 }  // namespace fashion_mnist

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The holistic configuration's two scenarios, each a set of runs of the end-to-end trainer
+(4 in-process ranks, one per cluster, their uplinks shaped by the library), summed up in one
+table per scenario.
+
+heterogeneous: rank 3 computes 2x slower than the others. Every rank emulates a device of a
+  given speed (--device-rate): it computes its forward and backward for real, then waits until
+  its batch over the device's rate has passed, so the four ranks do not measure each other's
+  share of this machine's cores; rank 3's device has half the rate. The equal split against
+  the holistic split (by the ranks' measured compute, agreed every few steps).
+fluctuating: the uplinks change 500 -> 50 -> 200 Mbit/s during training; the adaptive density
+  against fixed densities of 0.1%, 0.3%, 1% and 3%.
+
+Writes <out>/<scenario>/<run>/{summary.json,curve.csv,curve.png} and <out>/<scenario>.json;
+prints the table.
+
+  scripts/scenarios.py heterogeneous|fluctuating --trainer PATH [--out DIR] [-- trainer options]
+
+Trainer options after -- go to every run, in place of the scenario's own where they name the
+same option (-- --epochs 0.3 for a quick look).
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+# The heterogeneous scenario's devices: 2048 examples/s (rank 3: 1024), 256 examples per
+# rank and step on average.
+DEVICE_RATE = 2048.0
+SLOW_FACTOR = 2.0
+HETEROGENEOUS = [
+    "--clusters", "1,1,1,1", "--mode", "stellatrain", "--batch", "256", "--epochs", "1",
+    "--target", "0.82", "--device-rate", str(DEVICE_RATE), "--slow-rank", f"3:{SLOW_FACTOR}",
+    "--split-interval", "5",
+]
+# The fluctuating scenario's link: 500 Mbit/s, 50 from 5 s of training on, 200 from 10 s on
+# (the model reaches its target in about 10 s here, so the phases are that much shorter than
+# 20 s).
+PHASES = "5:50,10:200"
+FLUCTUATING = [
+    "--clusters", "1,1,1,1", "--mode", "stellatrain", "--epochs", "1.5", "--target", "0.86",
+    "--bandwidth", "500", "--bandwidth-schedule", PHASES,
+]
+FIXED_DENSITIES = [0.001, 0.003, 0.01, 0.03]
+
+
+def merged(args, extra):
+    """The scenario's options (each a name and one value) without those that `extra` gives
+    again, then `extra`."""
+    given = {a.split("=")[0] for a in extra if a.startswith("--")}
+    kept = []
+    for i in range(0, len(args), 2):
+        if args[i] not in given:
+            kept += args[i:i + 2]
+    return kept + extra
+
+
+def train(trainer, out, name, args, extra):
+    run_dir = out / name
+    command = [trainer, *merged(args, extra), "--out", str(run_dir)]
+    print(f"== {name}: {' '.join(command[1:])}", flush=True)
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        sys.stdout.write(done.stdout)
+        sys.exit(f"scenarios: {name} failed with exit status {done.returncode}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary["modes"]["stellatrain"]
+
+
+def fmt_time(t):
+    return "not reached" if t is None else f"{t:.2f} s"
+
+
+def heterogeneous(trainer, out, extra):
+    runs = {split: train(trainer, out, split, HETEROGENEOUS + ["--split", split], extra)
+            for split in ("equal", "holistic")}
+    ranks = len(runs["equal"]["curve"][0]["batches"])
+    rates = [DEVICE_RATE / (SLOW_FACTOR if r == 3 else 1.0) for r in range(ranks)]
+    global_batch = sum(runs["equal"]["curve"][0]["batches"])
+    ideal_compute = global_batch / sum(rates)
+
+    def steady(mode):
+        # The points after the first split decision (the full test set's has no step time).
+        points = [p for p in mode["curve"][1:] if p["step_seconds"] > 0]
+        step = statistics.median(p["step_seconds"] for p in points)
+        compute = statistics.median(max(p["compute_seconds"]) for p in points)
+        return step, compute, points[-1]["batches"]
+
+    # The exposed exchange of a run: its step time beyond its slowest rank's compute.
+    rows = []
+    for split, mode in runs.items():
+        step, compute, batches = steady(mode)
+        exposed = max(0.0, step - compute)
+        rows.append({
+            "split": split, "batches": batches, "step_s": step, "slowest_compute_s": compute,
+            "exposed_exchange_s": exposed, "ideal_step_s": ideal_compute + exposed,
+            "step_over_ideal": step / (ideal_compute + exposed),
+            "time_to_target_s": mode["time_to_target_s"], "steps_to_target": mode["steps_to_target"],
+            "final_accuracy": mode["final_accuracy"], "split_changes": mode["split_changes"],
+        })
+    # Stricter: against the least exposed exchange of the two runs.
+    least = min(r["exposed_exchange_s"] for r in rows)
+    for r in rows:
+        r["step_over_ideal_least_exposed"] = r["step_s"] / (ideal_compute + least)
+    eq, ho = rows
+    speedup = None
+    if eq["time_to_target_s"] and ho["time_to_target_s"]:
+        speedup = eq["time_to_target_s"] / ho["time_to_target_s"]
+    print(f"\nheterogeneous: 4 ranks, devices of {DEVICE_RATE:g} examples/s, rank 3's of "
+          f"{DEVICE_RATE / SLOW_FACTOR:g}; global batch {global_batch}; ideal compute = "
+          f"{global_batch} / {sum(rates):g} examples/s = {ideal_compute * 1e3:.1f} ms; ideal "
+          f"step = ideal compute + the run's exposed exchange (in brackets: + the least exposed "
+          f"exchange of the two runs)\n")
+    print("| split | batches | step (ms) | slowest compute (ms) | exposed exchange (ms) "
+          "| step / ideal | time to target | steps | final acc |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['split']} | {','.join(map(str, r['batches']))} | {r['step_s'] * 1e3:.1f} | "
+              f"{r['slowest_compute_s'] * 1e3:.1f} | {r['exposed_exchange_s'] * 1e3:.1f} | "
+              f"{r['step_over_ideal']:.3f} ({r['step_over_ideal_least_exposed']:.3f}) | "
+              f"{fmt_time(r['time_to_target_s'])} | {r['steps_to_target'] or '-'} | "
+              f"{r['final_accuracy'] * 100:.2f}% |")
+    if speedup:
+        print(f"\ntime to target, equal / holistic: {speedup:.2f}x; final accuracy difference "
+              f"{(ho['final_accuracy'] - eq['final_accuracy']) * 100:+.2f} points")
+    return {"ideal_compute_s": ideal_compute, "rows": rows,
+            "time_to_target_speedup": speedup}
+
+
+def recovery(timeline):
+    """For each change of the link rate: the new rate, its steady step time (the median of the
+    phase's steps after its first 10) and the steps until the mean of five in a row is within
+    1.2x of it (the mean, as every fifth step also waits for an evaluation's drain)."""
+    times = [b["seconds"] - a["seconds"] for a, b in zip(timeline, timeline[1:])]
+    rates = [p["link_mbps"] for p in timeline[1:]]
+    changes = [i for i in range(1, len(rates)) if rates[i] != rates[i - 1]]
+    out = []
+    for n, start in enumerate(changes):
+        end = changes[n + 1] if n + 1 < len(changes) else len(times)
+        phase = times[start:end]
+        if len(phase) < 20:
+            out.append({"link_mbps": rates[start], "steps_in_phase": len(phase)})
+            continue
+        steady = statistics.median(phase[10:])
+        k = next((k for k in range(len(phase) - 4)
+                  if statistics.fmean(phase[k:k + 5]) <= 1.2 * steady), None)
+        out.append({"link_mbps": rates[start], "steady_step_s": steady, "steps_to_steady": k,
+                    "steps_in_phase": len(phase)})
+    return out
+
+
+def fluctuating(trainer, out, extra):
+    runs = {"adaptive": train(trainer, out, "adaptive",
+                              FLUCTUATING + ["--min-density", "0.001", "--max-density", "0.03"],
+                              extra)}
+    for d in FIXED_DENSITIES:
+        runs[f"fixed {d * 100:g}%"] = train(
+            trainer, out, f"fixed-{d}", FLUCTUATING + ["--min-density", str(d), "--max-density",
+                                                      str(d)], extra)
+    rows = []
+    for name, mode in runs.items():
+        rows.append({"run": name, "time_to_target_s": mode["time_to_target_s"],
+                     "steps_to_target": mode["steps_to_target"],
+                     "final_accuracy": mode["final_accuracy"],
+                     "wan_mb_per_cluster": mode["wan_bytes_per_cluster"] / 1e6,
+                     "phases": recovery(mode["timeline"])})
+    fixed = [r["time_to_target_s"] for r in rows[1:]]
+    reached = [t for t in fixed if t is not None]
+    best = min(reached) if reached else None
+    # A fixed density that never reaches the target counts as slower than every one that does.
+    median = statistics.median([t if t is not None else float("inf") for t in fixed])
+    adaptive = rows[0]["time_to_target_s"]
+    print(f"\nfluctuating: 4 ranks, uplinks 500 Mbit/s, then {PHASES} (seconds:Mbit/s of "
+          f"training time)\n")
+    print("| run | time to target | steps | final acc | WAN MB/cluster | steady step (ms) "
+          "at 50 / 200 Mbit/s | steps to steady |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        steady = " / ".join(f"{p['steady_step_s'] * 1e3:.1f}" if "steady_step_s" in p else "-"
+                            for p in r["phases"])
+        k = " / ".join(str(p.get("steps_to_steady", "-")) for p in r["phases"])
+        print(f"| {r['run']} | {fmt_time(r['time_to_target_s'])} | {r['steps_to_target'] or '-'} "
+              f"| {r['final_accuracy'] * 100:.2f}% | {r['wan_mb_per_cluster']:.1f} | {steady} "
+              f"| {k} |")
+    result = {"rows": rows, "best_fixed_s": best, "median_fixed_s": median}
+    if adaptive is not None and best is not None:
+        result["adaptive_over_best"] = adaptive / best
+        result["median_over_adaptive"] = median / adaptive
+        print(f"\nadaptive / best fixed: {adaptive / best:.2f}x; median fixed / adaptive: "
+              + (f"{median / adaptive:.2f}x" if median != float("inf") else
+                 "the median fixed density does not reach the target"))
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("scenario", choices=["heterogeneous", "fluctuating"])
+    parser.add_argument("--trainer", required=True, help="the train_fashion_mnist executable")
+    parser.add_argument("--out", default="out/scenarios", help="folder of the runs' outputs")
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    out = Path(args.out) / args.scenario
+    out.mkdir(parents=True, exist_ok=True)
+    run = heterogeneous if args.scenario == "heterogeneous" else fluctuating
+    result = run(args.trainer, out, extra)
+    (Path(args.out) / f"{args.scenario}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {Path(args.out) / (args.scenario + '.json')}")
+
+
+if __name__ == "__main__":
+    main()
