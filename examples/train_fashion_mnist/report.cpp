@@ -290,7 +290,7 @@ bool plot(const std::filesystem::path& dir, const std::vector<mode_result>& resu
          << results[i].mode << "'";
     }
     gp << "\nset ylabel 'density (k/n)'\nset logscale y\nset y2label 'uplink (Mbit/s)'\n"
-       << "set y2tics\nset key bottom right\nplot ";
+       << "set y2tics\nset y2range [0:*]\nset key bottom right\nplot ";
     for (std::size_t i = 0; i < results.size(); ++i) {
       gp << (i ? ", " : "") << "'curve_" << results[i].mode << ".dat' using 1:5 with steps title '"
          << results[i].mode << " density'";
