@@ -17,15 +17,39 @@
 # WAN_CLUSTERS ("2,2": wan-emu's -c), WAN_CC (reno; "host" keeps the host's default
 # congestion control), WAN_SCHEDULE (wan-emu's --schedule: every uplink's rate over the run's
 # wall time, e.g. 20:50mbit,40:200mbit; the holistic configuration's fluctuating link).
-# The scenarios of scripts/scenarios.py over the kernel's shaping, for example:
-#   WAN_BACKENDS=zmq WAN_CLUSTERS=1,1,1,1 WAN_LINKS=100mbit:10 bench/wan/run.sh build/demo -- \
-#       --mode stellatrain --batch 256 --device-rate 2048 --slow-rank 3:2 --split holistic
+# WAN_SCENARIO=heterogeneous|fluctuating runs the variants of that scenario of
+# scripts/scenarios.py over the kernel's shaping (its options; the trainer options given here
+# must be others): heterogeneous the equal and the holistic split (defaults WAN_CLUSTERS
+# 1,1,1,1, WAN_LINKS 100mbit:10), fluctuating the adaptive density and fixed 0.1%, 0.3%, 1%,
+# 3% (WAN_LINKS 500mbit:10, WAN_SCHEDULE 6:50mbit,11:200mbit: the phases count from the start
+# of the processes); WAN_BACKENDS defaults to zmq for both. Summaries land in
+# out/wan/<scenario>/<backend>-<rate>/<variant>/.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 build=${1:-$root/build/demo}
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
+scenario=${WAN_SCENARIO:-}
+# Each variant: a name and its trainer options (no spaces inside an option).
+variants=("default|")
+common=()
+case "$scenario" in
+  "") ;;
+  heterogeneous)
+    : "${WAN_CLUSTERS:=1,1,1,1}" "${WAN_LINKS:=100mbit:10}" "${WAN_BACKENDS:=zmq}"
+    common=(--mode stellatrain --batch 256 --epochs 1 --target 0.82 --device-rate 2048
+            --slow-rank 3:2 --split-interval 5)
+    variants=("equal|--split equal" "holistic|--split holistic") ;;
+  fluctuating)
+    : "${WAN_CLUSTERS:=1,1,1,1}" "${WAN_LINKS:=500mbit:10}" "${WAN_BACKENDS:=zmq}"
+    : "${WAN_SCHEDULE:=6:50mbit,11:200mbit}"
+    common=(--mode stellatrain --epochs 1.5 --target 0.86)
+    variants=("adaptive|--min-density 0.001 --max-density 0.03")
+    for d in 0.001 0.003 0.01 0.03; do variants+=("fixed-$d|--min-density $d --max-density $d"); done ;;
+  *) echo "WAN training benchmark: WAN_SCENARIO is heterogeneous or fluctuating, not '$scenario'" >&2
+     exit 2 ;;
+esac
 backends=${WAN_BACKENDS:-mpi zmq}
 links=${WAN_LINKS:-100mbit:10 1gbit:5}
 clusters=${WAN_CLUSTERS:-2,2}
@@ -42,25 +66,34 @@ for link in $links; do
   rate=${link%%:*}
   delay=${link##*:}
   for backend in $backends; do
-    out="$root/out/wan/$backend-$rate"
-    mkdir -p "$out"
-    echo
-    echo "== $backend, clusters $clusters, $rate per uplink, $((2 * delay)) ms RTT between clusters"
-    # No shaping by the library: the emulated network is the link.
-    args=(--transport "$backend" --clusters "$clusters" --bandwidth 0 --rtt 0 --out "$out"
-          "${extra[@]+"${extra[@]}"}")
-    if [ "$backend" = mpi ]; then
-      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    for variant in "${variants[@]}"; do
+      name=${variant%%|*}
+      read -r -a options <<<"${variant#*|}"
+      if [ -n "$scenario" ]; then
+        out="$root/out/wan/$scenario/$backend-$rate/$name"
+      else
+        out="$root/out/wan/$backend-$rate"
+      fi
+      mkdir -p "$out"
+      echo
+      echo "== $backend, clusters $clusters, $rate per uplink, $((2 * delay)) ms RTT between clusters${scenario:+, $scenario: $name}"
+      # No shaping by the library: the emulated network is the link.
+      args=(--transport "$backend" --clusters "$clusters" --bandwidth 0 --rtt 0 --out "$out"
+            "${common[@]+"${common[@]}"}" "${options[@]+"${options[@]}"}"
+            "${extra[@]+"${extra[@]}"}")
+      if [ "$backend" = mpi ]; then
+        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+          bash "$wan_emu" run -c "$clusters" -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" \
+          "${schedule_args[@]+"${schedule_args[@]}"}" --rank0 --timeout 1800 -- \
+          mpirun -np "$ranks" -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM "$trainer" "${args[@]}"
+      else
         bash "$wan_emu" run -c "$clusters" -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" \
-        "${schedule_args[@]+"${schedule_args[@]}"}" --rank0 --timeout 1800 -- \
-        mpirun -np "$ranks" -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM "$trainer" "${args[@]}"
-    else
-      bash "$wan_emu" run -c "$clusters" -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" \
-        "${schedule_args[@]+"${schedule_args[@]}"}" --timeout 1800 -- sh -c '
-        export STELLATRAIN_RANK=$WAN_EMU_RANK
-        peers=""; for a in $WAN_EMU_ADDRS; do peers="$peers,tcp://$a:5555"; done
-        export STELLATRAIN_ZMQ_PEERS=${peers#,}
-        exec "$0" "$@"' "$trainer" "${args[@]}" | grep -E "^\[r0\]"
-    fi
+          "${schedule_args[@]+"${schedule_args[@]}"}" --timeout 1800 -- sh -c '
+          export STELLATRAIN_RANK=$WAN_EMU_RANK
+          peers=""; for a in $WAN_EMU_ADDRS; do peers="$peers,tcp://$a:5555"; done
+          export STELLATRAIN_ZMQ_PEERS=${peers#,}
+          exec "$0" "$@"' "$trainer" "${args[@]}" | grep -E "^\[r0\]"
+      fi
+    done
   done
 done
