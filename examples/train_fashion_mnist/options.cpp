@@ -17,8 +17,10 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 namespace fashion_mnist {
@@ -33,6 +35,18 @@ bool parse_whole(const std::string& text, T& v) {
   const char* end = text.data() + text.size();
   const auto [p, ec] = std::from_chars(text.data(), end, v);
   return ec == std::errc() && p == end;
+}
+
+// "RANK:FACTOR" of --slow-rank: a rank >= 0 and 1 <= FACTOR <= 100; empty if it is not that.
+std::optional<std::pair<int, double>> slow_rank_of(const std::string& text) {
+  const auto colon = text.find(':');
+  int r = 0;
+  double f = 0;
+  if (colon == std::string::npos || !parse_whole(text.substr(0, colon), r) || r < 0 ||
+      !parse_whole(text.substr(colon + 1), f) || !std::isfinite(f) || f < 1 || f > 100) {
+    return std::nullopt;
+  }
+  return std::pair{r, f};
 }
 
 std::string show(double v) {
@@ -217,14 +231,8 @@ std::optional<int> parse_options(int argc, char** argv, settings& s) {
                  "(FACTOR - 1) times its measured forward and backward after each")
       ->check(CLI::Validator(
           [](std::string& text) -> std::string {
-            const auto colon = text.find(':');
-            int r = 0;
-            double f = 0;
-            if (colon == std::string::npos || !parse_whole(text.substr(0, colon), r) || r < 0 ||
-                !parse_whole(text.substr(colon + 1), f) || !std::isfinite(f) || f < 1 || f > 100) {
-              return "'" + text + "' is not RANK:FACTOR with a rank >= 0 and 1 <= FACTOR <= 100";
-            }
-            return {};
+            if (slow_rank_of(text)) return {};
+            return "'" + text + "' is not RANK:FACTOR with a rank >= 0 and 1 <= FACTOR <= 100";
           },
           "RANK:FACTOR"));
   auto* schedule = app.add_option(
@@ -289,11 +297,7 @@ std::optional<int> parse_options(int argc, char** argv, settings& s) {
     }
     s.slow_ranks.clear();
     for (const auto& text : slow) {
-      const auto colon = text.find(':');
-      int r = 0;
-      double f = 1;
-      parse_whole(text.substr(0, colon), r);
-      parse_whole(text.substr(colon + 1), f);
+      const auto [r, f] = *slow_rank_of(text);  // checked by the option's validator
       if (inproc && r >= s.ranks) {
         throw CLI::ValidationError("--slow-rank",
                                    text + ": there are " + std::to_string(s.ranks) + " ranks");

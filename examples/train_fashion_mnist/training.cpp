@@ -191,23 +191,6 @@ std::uint64_t steps_of(const settings& s, int ranks, const data& d) {
       std::ceil(s.epochs * static_cast<double>(d.train.count) / per_step));
 }
 
-// What a curve point records besides the accuracy: the configuration and the step times.
-struct step_state {
-  double density = 1;
-  double bandwidth_mbps = 0;
-  double link_mbps = 0;
-  std::vector<std::uint64_t> split;
-  std::vector<double> compute;
-};
-
-step_state state_of(const rank_batches& batches, double density, double bandwidth_mbps,
-                    double link_mbps) {
-  step_state st{density, bandwidth_mbps, link_mbps, batches.split(), {}};
-  for (const auto& sample : batches.agreement().latest_samples())
-    st.compute.push_back(sample.seconds);
-  return st;
-}
-
 // Whether rank 0 evaluates after step `step` (counted from 0). Every rank then waits for it, so
 // that no rank computes ahead while rank 0's clock is paused.
 bool evaluates(const settings& s, std::uint64_t step, std::uint64_t steps) {
@@ -227,8 +210,21 @@ struct progress {
   double last_seconds = 0;
   std::uint64_t last_step = 0;
 
+  // After each step: its end and the configuration it ran with.
+  void stepped(const fm::step_point& point, float loss) {
+    loss_sum += loss;
+    ++loss_count;
+    out.timeline.push_back(point);
+  }
+
+  // An evaluation after the last step (stepped() came first); the configuration is that step's
+  // and the split's.
   void record(fm::mlp& net, std::span<const float> params, std::uint64_t step, double seconds,
-              std::uint64_t bytes, const step_state& now, bool final_eval) {
+              std::uint64_t bytes, const rank_batches& batches, bool final_eval) {
+    const fm::step_point& now = out.timeline.back();
+    std::vector<double> compute;
+    for (const auto& sample : batches.agreement().latest_samples())
+      compute.push_back(sample.seconds);
     const std::size_t n = final_eval ? d.test.count : std::min(s.eval_samples, d.test.count);
     const double acc =
         static_cast<double>(net.correct(params, d.test.images.data(), d.test.labels.data(), n)) /
@@ -247,14 +243,14 @@ struct progress {
       last_step = step;
     }
     out.curve.push_back({seconds, step, epoch, loss, acc, bytes, now.density, step_seconds,
-                         now.bandwidth_mbps, now.link_mbps, now.split, now.compute});
+                         now.bandwidth_mbps, now.link_mbps, batches.split(), std::move(compute)});
     if (!out.time_to_target && acc >= s.target && !final_eval) {
       out.time_to_target = seconds;
       out.steps_to_target = step;
     }
     if (final_eval) out.final_accuracy = acc;
     std::string split;
-    for (auto b : now.split) split += (split.empty() ? "" : ",") + std::to_string(b);
+    for (auto b : batches.split()) split += (split.empty() ? "" : ",") + std::to_string(b);
     std::printf(
         "  %-11s step %4llu/%llu  epoch %.2f  loss %.4f  acc %5.2f%%%s  %7.1f s  %9.2f MB sent  "
         "density %.4f  %5.0f ms/step  batches %s\n",
@@ -403,16 +399,11 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
     adam.set_learning_rate(learning_rate(s, s.lr, step));
     adam.step(0, std::span<const float>(grad));
     const double now = clock.seconds();
-    if (prog) {
-      prog->loss_sum += loss;
-      ++prog->loss_count;
-      prog->out.timeline.push_back({step + 1, now, 1.0, 0.0, links.mbps()});
-    }
+    if (prog) prog->stepped({step + 1, now, 1.0, 0.0, links.mbps()}, loss);
     if (evaluates(s, step, steps)) {
       clock.paused([&] {
         if (prog) {
-          prog->record(net, adam.params(0), step + 1, now, sent_bytes(t) - bytes0,
-                       state_of(batches, 1.0, 0.0, links.mbps()), false);
+          prog->record(net, adam.params(0), step + 1, now, sent_bytes(t) - bytes0, batches, false);
         }
         st::barrier(t);
       });
@@ -422,8 +413,7 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
     out->seconds = clock.seconds();
     out->steps = steps;
     out->bytes = sent_bytes(t) - bytes0;
-    prog->record(net, adam.params(0), steps, out->seconds, out->bytes,
-                 state_of(batches, 1.0, 0.0, links.mbps()), true);
+    prog->record(net, adam.params(0), steps, out->seconds, out->bytes, batches, true);
     out->split_changes = batches.agreement().changes();
   }
   const std::uint64_t wan = wan_bytes_per_cluster(t, topo, wan0);
@@ -525,19 +515,15 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
     if (evaluated) fetch_all();
     const double now = clock.seconds();
     if (prog) {
-      prog->loss_sum += loss;
-      ++prog->loss_count;
-      prog->out.timeline.push_back(
-          {step + 1, now, p.stats().last_density, p.policy().bandwidth() * 8 / 1e6, links.mbps()});
+      prog->stepped(
+          {step + 1, now, p.stats().last_density, p.policy().bandwidth() * 8 / 1e6, links.mbps()},
+          loss);
     }
     if (evaluated) {
       const auto e0 = std::chrono::steady_clock::now();
       clock.paused([&] {
         if (prog) {
-          prog->record(net, params, step + 1, now, sent_bytes(t) - bytes0,
-                       state_of(batches, p.stats().last_density, p.policy().bandwidth() * 8 / 1e6,
-                                links.mbps()),
-                       false);
+          prog->record(net, params, step + 1, now, sent_bytes(t) - bytes0, batches, false);
         }
         st::barrier(t);
       });
@@ -550,10 +536,7 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
     out->seconds = clock.seconds();
     out->steps = steps;
     out->bytes = sent_bytes(t) - bytes0;
-    prog->record(
-        net, params, steps, out->seconds, out->bytes,
-        state_of(batches, p.stats().last_density, p.policy().bandwidth() * 8 / 1e6, links.mbps()),
-        true);
+    prog->record(net, params, steps, out->seconds, out->bytes, batches, true);
     out->split_changes = batches.agreement().changes();
   }
   const std::uint64_t wan_total = wan_bytes_per_cluster(t, topo, wan0);

@@ -13,7 +13,6 @@
 #include <stellatrain/transport/shaping.hpp>
 
 #include <memory>
-
 #include <vector>
 
 namespace fashion_mnist {

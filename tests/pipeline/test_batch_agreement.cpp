@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
+// The batch split that ranks of different speeds agree on (4 in-process ranks): the same split
+// on every rank from the same step, weighted averaging equal to the global batch's gradient,
+// bad measurements and bad messages, and the sampler that follows the split.
 #include <stellatrain/pipeline/batch_split_agreement.hpp>
 #include <stellatrain/pipeline/split_sampler.hpp>
+#include <stellatrain/transport/allgather.hpp>
 #include <stellatrain/transport/allreduce.hpp>
 #include <stellatrain/transport/in_process.hpp>
 
@@ -140,10 +144,44 @@ TEST_CASE("a rank that reports no progress leaves the split as it is") {
       CHECK_FALSE(agreement.end_step(seconds));
       CHECK(agreement.split() == equal_split(30, 3));
     }
+    CHECK(agreement.steps() == 8);
     CHECK(agreement.rejected_samples() == (t.rank() == 2 ? 8u : 0u));
     CHECK(agreement.decisions() == 4);
     CHECK(agreement.models().empty());
   });
+}
+
+TEST_CASE("a malformed message of the agreement is an error, not a split") {
+  using stellatrain::errc;
+  const batch_split_options o{.global_batch = 20, .interval = 1};
+  // Rank 1 takes part in the all-gather with bytes that are no list of samples.
+  const std::vector<std::vector<std::byte>> bad{
+      {std::byte{1}, std::byte{2}},        // shorter than a count
+      std::vector<std::byte>(8 + 16 + 3),  // count 0, bytes left
+      [] {                                 // a sample of batch 0
+        std::vector<std::byte> m(8 + 16);
+        m[0] = std::byte{1};
+        m[16] = std::byte{0x3f};  // some bits of the seconds; the batch stays 0
+        return m;
+      }()};
+  for (const auto& message : bad) {
+    run_in_process(2, [&](in_process_transport& t) {
+      if (t.rank() == 0) {
+        batch_split_agreement agreement(t, o);
+        try {
+          (void)agreement.end_step(0.01);
+          FAIL("no error");
+        } catch (const stellatrain::error& e) {
+          CHECK(e.code() == errc::malformed_message);
+        }
+      } else {
+        std::vector<stellatrain::message_buffer> got(2);
+        stellatrain::sparse_allgather(t, std::span<const std::byte>(message),
+                                      std::span<stellatrain::message_buffer>(got),
+                                      {.tag = o.tag, .algorithm = o.algorithm});
+      }
+    });
+  }
 }
 
 TEST_CASE("batch_split_agreement rejects what it cannot do") {
@@ -197,7 +235,12 @@ TEST_CASE("split_sampler uses every example once per epoch whatever the splits")
     std::iota(all.begin(), all.end(), 0);
     CHECK(*seen == all);
   }
-  // Every rank's sampler is at the same place; another seed gives another order.
+  // Each sampler counts the epochs and positions it went through.
+  for (const auto& s : samplers) {
+    CHECK(s.epoch() == used / count);
+    CHECK(s.position() == used % count);
+  }
+  // Another seed gives another order.
   split_sampler a(count, 42);
   split_sampler b(count, 43);
   std::vector<std::uint64_t> ia;

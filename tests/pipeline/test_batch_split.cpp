@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -13,17 +14,8 @@ using stellatrain::batch_bounds;
 using stellatrain::compute_model;
 using stellatrain::compute_sample;
 using stellatrain::fit_compute_model;
+using stellatrain::slowest_seconds;
 using stellatrain::split_batch;
-
-namespace {
-
-double slowest(const std::vector<compute_model>& models, const std::vector<std::uint64_t>& b) {
-  double t = 0;
-  for (std::size_t i = 0; i < b.size(); ++i) t = std::max(t, models[i].seconds(b[i]));
-  return t;
-}
-
-}  // namespace
 
 TEST_CASE("fit_compute_model recovers a line through noise and outliers") {
   std::mt19937 rng(7);
@@ -78,9 +70,10 @@ TEST_CASE("split_batch gives a rank twice as slow half the examples") {
   const auto b = split_batch(700, models);
   CHECK(b == std::vector<std::uint64_t>{200, 200, 200, 100});
   // The ideal: the batch over the sum of the throughputs, 700 / 3500 per second.
-  CHECK(slowest(models, b) == Approx(0.2));
+  CHECK(slowest_seconds(models, b) == Approx(0.2));
   const std::vector<std::uint64_t> equal{175, 175, 175, 175};
-  CHECK(slowest(models, equal) / slowest(models, b) == Approx(1.75));
+  CHECK(slowest_seconds(models, equal) / slowest_seconds(models, b) == Approx(1.75));
+  CHECK_THROWS_AS(slowest_seconds(models, std::vector<std::uint64_t>{1, 2}), stellatrain::error);
 }
 
 TEST_CASE("split_batch is optimal over every split of a small batch") {
@@ -91,10 +84,11 @@ TEST_CASE("split_batch is optimal over every split of a small batch") {
     double best = HUGE_VAL;
     for (std::uint64_t x = 1; x + 2 <= global; ++x) {
       for (std::uint64_t y = 1; x + y + 1 <= global; ++y) {
-        best = std::min(best, slowest(models, {x, y, global - x - y}));
+        const std::vector<std::uint64_t> candidate{x, y, global - x - y};
+        best = std::min(best, slowest_seconds(models, candidate));
       }
     }
-    CHECK(slowest(models, b) == Approx(best).epsilon(1e-12));
+    CHECK(slowest_seconds(models, b) == Approx(best).epsilon(1e-12));
   }
 }
 

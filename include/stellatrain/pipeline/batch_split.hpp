@@ -106,6 +106,20 @@ inline void check_model(const compute_model& m, std::size_t rank) {
   return {std::max(0.0, detail::median_of(intercepts)), slope};
 }
 
+/// The slowest rank's predicted compute time for `split` (rank i computes split[i] examples
+/// with models[i]); split and models have one entry per rank.
+[[nodiscard]] inline double slowest_seconds(std::span<const compute_model> models,
+                                            std::span<const std::uint64_t> split) {
+  if (models.size() != split.size()) {
+    throw error(errc::invalid_argument, "slowest_seconds: " + std::to_string(models.size()) +
+                                            " models for " + std::to_string(split.size()) +
+                                            " ranks");
+  }
+  double t = 0;
+  for (std::size_t i = 0; i < split.size(); ++i) t = std::max(t, models[i].seconds(split[i]));
+  return t;
+}
+
 /// Bounds of each rank's batch in split_batch.
 struct batch_bounds {
   std::uint64_t min_per_rank = 1;

@@ -6,16 +6,17 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
+#include <stellatrain/pack/wire_format.hpp>
 #include <stellatrain/pipeline/batch_split.hpp>
 #include <stellatrain/transport/allgather.hpp>
 #include <stellatrain/transport/collective_options.hpp>
 #include <stellatrain/transport/concept.hpp>
 #include <stellatrain/transport/message_buffer.hpp>
 
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <deque>
 #include <optional>
 #include <span>
@@ -141,8 +142,6 @@ class batch_split_agreement {
   /// The models of the last decision (empty before the first one, or while a rank had no
   /// samples).
   [[nodiscard]] const std::vector<compute_model>& models() const noexcept { return models_; }
-  /// The slowest rank's compute time predicted for the current split (0 without models).
-  [[nodiscard]] double predicted_seconds() const noexcept { return predicted_; }
   /// Each rank's newest sample as of the last decision ({0, 0} for a rank without one).
   [[nodiscard]] std::vector<compute_sample> latest_samples() const {
     std::vector<compute_sample> out(history_.size());
@@ -174,20 +173,17 @@ class batch_split_agreement {
   }
 
  private:
-  // Wire form of a rank's samples: a count, then (batch, seconds) pairs, native byte order
-  // (the ranks of one job share one build, see the class).
+  // Wire form of a rank's samples, little-endian: a count, then (batch, seconds) pairs.
+  static constexpr std::size_t sample_bytes = 16;
+
   void exchange() {
-    std::vector<std::byte> mine(sizeof(std::uint64_t) +
-                                pending_.size() * (sizeof(std::uint64_t) + sizeof(double)));
-    std::byte* w = mine.data();
-    const std::uint64_t count = pending_.size();
-    std::memcpy(w, &count, sizeof count);
-    w += sizeof count;
+    std::vector<std::byte> mine(8 + pending_.size() * sample_bytes);
+    detail::store_le<std::uint64_t>(mine.data(), pending_.size());
+    std::byte* w = mine.data() + 8;
     for (const auto& s : pending_) {
-      std::memcpy(w, &s.batch, sizeof s.batch);
-      w += sizeof s.batch;
-      std::memcpy(w, &s.seconds, sizeof s.seconds);
-      w += sizeof s.seconds;
+      detail::store_le<std::uint64_t>(w, s.batch);
+      detail::store_le<std::uint64_t>(w + 8, std::bit_cast<std::uint64_t>(s.seconds));
+      w += sample_bytes;
     }
     pending_.clear();
     std::vector<message_buffer> got(static_cast<std::size_t>(t_.size()));
@@ -196,23 +192,20 @@ class batch_split_agreement {
         {.tag = options_.tag, .timeout = options_.timeout, .algorithm = options_.algorithm});
     for (std::size_t r = 0; r < got.size(); ++r) {
       const auto bytes = got[r].span();
-      std::uint64_t n = 0;
-      if (bytes.size() < sizeof n) {
+      if (bytes.size() < 8) {
         throw error(errc::malformed_message,
                     "batch_split_agreement: a short message from rank " + std::to_string(r));
       }
-      std::memcpy(&n, bytes.data(), sizeof n);
-      const std::size_t each = sizeof(std::uint64_t) + sizeof(double);
-      if (n > (bytes.size() - sizeof n) / each || bytes.size() != sizeof n + n * each) {
+      const std::uint64_t n = detail::load_le<std::uint64_t>(bytes.data());
+      if (n > (bytes.size() - 8) / sample_bytes || bytes.size() != 8 + n * sample_bytes) {
         throw error(errc::malformed_message, "batch_split_agreement: rank " + std::to_string(r) +
                                                  " sent a message of the wrong size");
       }
-      const std::byte* p = bytes.data() + sizeof n;
-      for (std::uint64_t i = 0; i < n; ++i) {
-        compute_sample s;
-        std::memcpy(&s.batch, p, sizeof s.batch);
-        std::memcpy(&s.seconds, p + sizeof s.batch, sizeof s.seconds);
-        p += each;
+      for (const std::byte* p = bytes.data() + 8; p != bytes.data() + bytes.size();
+           p += sample_bytes) {
+        const compute_sample s{
+            .batch = detail::load_le<std::uint64_t>(p),
+            .seconds = std::bit_cast<double>(detail::load_le<std::uint64_t>(p + 8))};
         if (s.batch == 0 || !std::isfinite(s.seconds) || !(s.seconds > 0)) {
           throw error(errc::malformed_message, "batch_split_agreement: rank " + std::to_string(r) +
                                                    " sent an invalid sample");
@@ -229,7 +222,6 @@ class batch_split_agreement {
     for (const auto& h : history_) {
       if (h.empty()) {
         models_.clear();
-        predicted_ = 0;
         return false;
       }
     }
@@ -239,21 +231,13 @@ class batch_split_agreement {
       const std::vector<compute_sample> samples(h.begin(), h.end());
       models.push_back(fit_compute_model(samples));
     }
-    const auto slowest = [&](const std::vector<std::uint64_t>& split) {
-      double t = 0;
-      for (std::size_t i = 0; i < split.size(); ++i) t = std::max(t, models[i].seconds(split[i]));
-      return t;
-    };
     auto next = split_batch(options_.global_batch, models, options_.bounds);
-    const double now = slowest(split_);
-    const double then = slowest(next);
+    const bool take =
+        options_.adapt && next != split_ &&
+        slowest_seconds(models, next) <= slowest_seconds(models, split_) * (1 - options_.min_gain);
     models_ = std::move(models);
-    if (!options_.adapt || next == split_ || then > now * (1 - options_.min_gain)) {
-      predicted_ = now;
-      return false;
-    }
+    if (!take) return false;
     split_ = std::move(next);
-    predicted_ = then;
     ++changes_;
     return true;
   }
@@ -264,7 +248,6 @@ class batch_split_agreement {
   std::vector<std::deque<compute_sample>> history_;
   std::vector<compute_sample> pending_;
   std::vector<compute_model> models_;
-  double predicted_ = 0;
   std::uint64_t step_ = 0;
   std::uint64_t decisions_ = 0;
   std::uint64_t changes_ = 0;
