@@ -165,8 +165,8 @@ TEST_CASE("step reports: a payload that breaks the layout is refused with the re
 }
 
 TEST_CASE(
-    "step reports: every step is observed once, in order, with the fastest exchange and the "
-    "slowest compute",
+    "step reports: every step is observed once, in order, with the mean span less the slowest "
+    "compute",
     "[pipeline][reports]") {
   detail::step_report_book book;
   book.start(3, 0);
@@ -189,9 +189,10 @@ TEST_CASE(
   book.take(2, r2, observe);
   REQUIRE(seen.size() == 1);
   CHECK(seen[0].step == 0);
-  CHECK(seen[0].exchange_seconds == 0.25);  // rank 1's: the smallest
-  CHECK(seen[0].link_bytes == 250);         // with its link bytes and bytes per element
-  CHECK(seen[0].bytes_per_element == 2.5);
+  // Spans (exchange + compute) 0.40, 0.65, 0.55: their mean less the slowest compute.
+  CHECK(seen[0].exchange_seconds == Approx(1.6 / 3 - 0.40));
+  CHECK(seen[0].link_bytes == 300);  // the means of link bytes and bytes per element
+  CHECK(seen[0].bytes_per_element == Approx(3.0));
   CHECK(seen[0].compute_seconds == 0.40);  // the slowest rank's
   // Reports repeat across messages: a step is observed once.
   book.take(0, r0, observe);
@@ -200,7 +201,8 @@ TEST_CASE(
   book.take(1, r1b, observe);
   REQUIRE(seen.size() == 2);
   CHECK(seen[1].step == 1);
-  CHECK(seen[1].exchange_seconds == 0.20);
+  CHECK(seen[1].exchange_seconds == Approx((0.30 + 0.65 + 0.80) / 3 - 0.30));
+  CHECK(seen[1].link_bytes == 467);
   CHECK(seen[1].compute_seconds == 0.30);
 
   // A rank that raced 8 steps ahead overwrote its report of step 2: the step is skipped.
@@ -232,4 +234,47 @@ TEST_CASE(
   mine.take(0, std::span<const rank_report>(out.data(), 3),
             [&](const rank_report& r) { after.push_back(r); });
   CHECK(after.empty());
+}
+
+TEST_CASE(
+    "step reports: ranks whose exchanges start apart observe the step's period, not the "
+    "shortest exchange",
+    "[pipeline][reports]") {
+  // Staleness 0, a step of 40 ms: every rank computes, then waits on the exchange until the
+  // step ends. Over a ring the ranks start apart (offsets that sum to zero), so one rank's
+  // exchange runs 25 ms short and another's 10 ms long; the exchange the step exposes beyond
+  // its slowest compute is 40 - 6 = 34 ms all the same.
+  constexpr double period = 0.040;
+  const std::array<double, 4> compute = {0.003, 0.005, 0.004, 0.006};
+  const std::array<double, 4> offset = {0.010, -0.025, 0.005, 0.010};
+  detail::step_report_book book;
+  book.start(4, 7);
+  std::vector<rank_report> seen;
+  for (int r = 0; r < 4; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    const std::vector<rank_report> mine = {{.step = 7,
+                                            .exchange_seconds = period - compute[i] + offset[i],
+                                            .compute_seconds = compute[i],
+                                            .link_bytes = 1000,
+                                            .latency_rounds = 3}};
+    book.take(r, mine, [&](const rank_report& agg) { seen.push_back(agg); });
+  }
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].exchange_seconds == Approx(period - 0.006));
+  CHECK(seen[0].compute_seconds == 0.006);
+  CHECK(seen[0].latency_rounds == 3);
+  CHECK(seen[0].link_bytes == 1000);
+
+  // Reports whose spans fall short of the slowest compute give 0, not a negative time.
+  detail::step_report_book short_book;
+  short_book.start(2, 0);
+  seen.clear();
+  const std::vector<rank_report> quick = {
+      {.step = 0, .exchange_seconds = 0, .compute_seconds = 0.001}};
+  const std::vector<rank_report> slow = {
+      {.step = 0, .exchange_seconds = 0, .compute_seconds = 0.009}};
+  short_book.take(0, quick, [&](const rank_report& agg) { seen.push_back(agg); });
+  short_book.take(1, slow, [&](const rank_report& agg) { seen.push_back(agg); });
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].exchange_seconds == 0);
 }

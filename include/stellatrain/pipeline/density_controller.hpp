@@ -9,8 +9,10 @@
 #include <stellatrain/core/saved_state.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -93,8 +95,10 @@ struct density_controller_options {
   /// and without this floor the density would fall to `min_density` although the link is idle
   /// but for its delay. The step then takes at most latency + this share of the compute.
   double latency_bound_share = 0.5;
-  /// One-way link latency in seconds if known (0: estimated from measurements that carry the
-  /// link's throughput, else counted as transfer time).
+  /// One-way link latency in seconds if known. 0: estimated, from measurements that carry the
+  /// link's throughput, else by fitting comm = rounds * latency + bytes / bandwidth to the
+  /// last `latency_fit_window` steps once their bytes differ enough to tell the two apart
+  /// (until then latency counts as transfer time).
   double latency_seconds = 0;
   /// While the exchange finishes below `probe_below * target` for `probe_after` steps in a
   /// row, the bandwidth estimate is raised by `probe_factor` (the estimate can only be
@@ -102,6 +106,12 @@ struct density_controller_options {
   double probe_below = 0.5;
   int probe_after = 3;
   double probe_factor = 1.1;
+  /// While the latency is fitted (`latency_seconds` 0, no link throughput measured) and the
+  /// window's steps are too alike in bytes to tell latency from transfer, every
+  /// `explore_every`-th step runs at twice the density (half at `max_density`), so that the
+  /// fit gets the spread it needs: a density held at one value, at its floor say, would
+  /// otherwise keep a wrong latency, and the bandwidth it implies, for good. 0: never.
+  int explore_every = 8;
 };
 
 /// A density policy: anything that answers `density()` for the next step and learns from each
@@ -140,9 +150,9 @@ struct fixed_density {
 /// transfer gets that share and the exchange ends after the compute (it cannot hide anyway).
 ///
 /// Bandwidth is taken from `step_measurement::link_bytes_per_second` when given, else derived
-/// as link_bytes / (comm_seconds - latency). Changes smaller than `dead_band` are ignored, so
-/// a steady link gives a steady density; a bandwidth change moves the density within a few
-/// steps (the smoothing sets how many).
+/// as link_bytes / (comm_seconds - latency), the latency given or fitted (`latency_seconds`).
+/// Changes smaller than `dead_band` are ignored, so a steady link gives a steady density; a
+/// bandwidth change moves the density within a few steps (the smoothing sets how many).
 class adaptive_density_controller {
  public:
   /// A controller whose model is set later with `set_model` (the pipeline does, once it knows
@@ -155,15 +165,23 @@ class adaptive_density_controller {
     if (!(options_.min_density > 0) || options_.min_density > options_.max_density ||
         options_.max_density > 1 || !(options_.smoothing > 0) || options_.smoothing > 1 ||
         !(options_.target_ratio > 0) || !(options_.change_factor > 1) ||
-        !(options_.latency_bound_share >= 0) || options_.latency_bound_share > 1) {
+        !(options_.latency_bound_share >= 0) || options_.latency_bound_share > 1 ||
+        options_.explore_every < 0) {
       throw_error(errc::invalid_argument,
                   "adaptive_density_controller: need 0 < min_density <= max_density <= 1, "
-                  "0 < smoothing <= 1, target_ratio > 0, change_factor > 1 and "
-                  "0 <= latency_bound_share <= 1");
+                  "0 < smoothing <= 1, target_ratio > 0, change_factor > 1, "
+                  "0 <= latency_bound_share <= 1 and explore_every >= 0");
     }
   }
 
-  [[nodiscard]] double density() const noexcept { return density_; }
+  /// The density of the next step: the chosen one, or on an exploring step (see
+  /// `explore_every`) twice that (half at `max_density`).
+  [[nodiscard]] double density() const noexcept {
+    if (!exploring_) return density_;
+    return density_ * 2 <= options_.max_density ? density_ * 2 : clamp(density_ / 2);
+  }
+  /// Whether `density()` is an exploring step's rather than the chosen one.
+  [[nodiscard]] bool exploring() const noexcept { return exploring_; }
   /// The current bandwidth estimate in bytes per second (0 before the first measurement).
   [[nodiscard]] double bandwidth() const noexcept { return bandwidth_.value; }
   /// The current compute-time estimate in seconds (0 before the first measurement).
@@ -173,6 +191,8 @@ class adaptive_density_controller {
     return options_.latency_seconds > 0 ? options_.latency_seconds : latency_;
   }
   [[nodiscard]] const exchange_cost_model& model() const noexcept { return model_; }
+  /// Steps the latency fit looks back on.
+  static constexpr std::size_t latency_fit_window = 16;
   /// Replaces the cost model (for example when the encoding's bytes per element are measured).
   void set_model(const exchange_cost_model& model) noexcept { model_ = model; }
 
@@ -187,6 +207,14 @@ class adaptive_density_controller {
     w.put(compute_.held);
     w.put(latency_);
     w.put(static_cast<std::int64_t>(fast_steps_));
+    w.put(static_cast<std::uint64_t>(samples_));
+    w.put(static_cast<std::int64_t>(since_explored_));
+    w.put(static_cast<std::uint8_t>(exploring_ ? 1 : 0));
+    for (const auto& x : window_) {
+      w.put(x.rounds);
+      w.put(x.bytes);
+      w.put(x.seconds);
+    }
   }
   void load(state_record_reader& r) {
     const auto density = r.get<double>();
@@ -196,11 +224,20 @@ class adaptive_density_controller {
     const auto compute_held = r.get<double>();
     const auto latency = r.get<double>();
     const auto fast_steps = r.get<std::int64_t>();
+    const auto samples = r.get<std::uint64_t>();
+    const auto since_explored = r.get<std::int64_t>();
+    const auto exploring = r.get<std::uint8_t>();
+    std::array<exchange_sample, latency_fit_window> window{};
+    for (auto& x : window) x = {r.get<double>(), r.get<double>(), r.get<double>()};
     density_ = clamp(density);
     bandwidth_ = {bandwidth, bandwidth_held};
     compute_ = {compute, compute_held};
     latency_ = latency;
     fast_steps_ = static_cast<int>(fast_steps);
+    samples_ = samples;
+    since_explored_ = static_cast<int>(since_explored);
+    exploring_ = exploring != 0;
+    window_ = window;
   }
   /// The model's prediction of the exchange time at the current density and estimates.
   [[nodiscard]] double predicted_comm_seconds() const noexcept {
@@ -209,6 +246,7 @@ class adaptive_density_controller {
 
   void observe(const step_measurement& m) {
     const double rounds = m.latency_rounds > 0 ? m.latency_rounds : model_.latency_rounds;
+    exploring_ = false;
     if (m.compute_seconds > 0) compute_.add(m.compute_seconds, options_);
     if (m.comm_seconds > 0 && m.link_bytes > 0) {
       const auto bytes = static_cast<double>(m.link_bytes);
@@ -220,14 +258,23 @@ class adaptive_density_controller {
           latency_ = latency_ == 0 ? excess : latency_ + options_.smoothing * (excess - latency_);
         }
       } else {
-        // Only wall times are known: charge the known latency (0 if none was given), the rest
-        // to the transfer. An unknown latency makes this sample underestimate the bandwidth;
-        // the density still converges to where comm == target, because each step rescales it
-        // by target / measured (monotonically: the error shrinks by latency / comm per step).
+        // Only wall times are known: charge the latency (given, or fitted once the steps'
+        // bytes differ enough), the rest to the transfer. While the latency is unknown this
+        // sample underestimates the bandwidth; the density still converges to where comm ==
+        // target, because each step rescales it by target / measured (monotonically: the
+        // error shrinks by latency / comm per step).
+        if (options_.latency_seconds <= 0 && rounds > 0) {
+          const bool posed = fit_latency({rounds, bytes, m.comm_seconds});
+          exploring_ =
+              !posed && options_.explore_every > 0 && ++since_explored_ >= options_.explore_every;
+          if (exploring_) since_explored_ = 0;
+        }
         const double busy = std::max(m.comm_seconds - rounds * latency(), 1e-3 * m.comm_seconds);
         sample = bytes / busy;
       }
-      bandwidth_.add(sample, options_);
+      // A changed link makes the older samples of a settled fit another link's (while the
+      // latency is still unknown, the estimate jumps as the density moves: keep them).
+      if (bandwidth_.add(sample, options_) && latency_ > 0) restart_fit();
     }
     if (bandwidth_.value <= 0 || compute_.value <= 0) return;
 
@@ -244,7 +291,11 @@ class adaptive_density_controller {
       fast_steps_ = 0;
     }
     const double wanted = clamp(model_.density_for_transfer(transfer, bandwidth_.value));
-    if (std::fabs(wanted - density_) > options_.dead_band * density_) density_ = wanted;
+    // A bound the link allows is taken even within the dead band (which would otherwise hold
+    // the density a few percent short of it for good).
+    const bool to_bound =
+        wanted != density_ && (wanted == options_.max_density || wanted == options_.min_density);
+    if (to_bound || std::fabs(wanted - density_) > options_.dead_band * density_) density_ = wanted;
   }
 
  private:
@@ -256,10 +307,11 @@ class adaptive_density_controller {
     double value = 0;
     double held = 0;  // a deviating sample waiting for confirmation, 0 for none
 
-    void add(double sample, const density_controller_options& o) noexcept {
+    // Returns whether the average jumped to a changed level.
+    bool add(double sample, const density_controller_options& o) noexcept {
       if (value == 0) {
         value = sample;
-        return;
+        return false;
       }
       const bool above = sample > value * o.change_factor;
       const bool below = sample * o.change_factor < value;
@@ -267,15 +319,55 @@ class adaptive_density_controller {
         if (held != 0 && (held > value) == above) {
           value = 0.5 * (held + sample);
           held = 0;
-        } else {
-          held = sample;
+          return true;
         }
-        return;
+        held = sample;
+        return false;
       }
       held = 0;
       value += o.smoothing * (sample - value);
+      return false;
     }
   };
+
+  // One step's exchange for the latency fit.
+  struct exchange_sample {
+    double rounds = 0, bytes = 0, seconds = 0;
+  };
+
+  // Least squares of seconds = rounds * latency + bytes * (1 / bandwidth), no intercept, over
+  // the window. The latency is taken when the fit is well posed (the bytes vary relative to
+  // the rounds: the normal matrix' determinant is at least `min_spread` of its diagonal
+  // product) and gives a positive bandwidth, at most the least time per round of a sample.
+  // Returns whether the window's bytes spread enough for the fit.
+  bool fit_latency(const exchange_sample& x) noexcept {
+    window_[samples_ % latency_fit_window] = x;
+    ++samples_;
+    const std::size_t n = std::min<std::size_t>(samples_, latency_fit_window);
+    if (n < 6) return true;  // too few to judge yet (a fit of 4 start-up steps overshot)
+    double rr = 0, rb = 0, bb = 0, rs = 0, bs = 0, least = x.seconds / x.rounds;
+    for (std::size_t i = 0; i < n; ++i) {
+      const exchange_sample& w = window_[i];
+      rr += w.rounds * w.rounds;
+      rb += w.rounds * w.bytes;
+      bb += w.bytes * w.bytes;
+      rs += w.rounds * w.seconds;
+      bs += w.bytes * w.seconds;
+      least = std::min(least, w.seconds / w.rounds);
+    }
+    constexpr double min_spread = 0.02;
+    const double det = rr * bb - rb * rb;
+    if (!(det > min_spread * rr * bb)) return false;
+    const double latency = (rs * bb - rb * bs) / det;
+    const double per_byte = (rr * bs - rb * rs) / det;
+    if (per_byte > 0 && latency >= 0) latency_ = std::min(latency, least);
+    return true;
+  }
+  void restart_fit() noexcept {
+    if (samples_ == 0) return;
+    window_[0] = window_[(samples_ - 1) % latency_fit_window];
+    samples_ = 1;
+  }
   [[nodiscard]] double clamp(double d) const noexcept {
     if (!(d == d)) return options_.min_density;  // NaN from a degenerate model
     return std::clamp(d, options_.min_density, options_.max_density);
@@ -288,6 +380,10 @@ class adaptive_density_controller {
   tracked compute_;
   double latency_ = 0;
   int fast_steps_ = 0;
+  std::array<exchange_sample, latency_fit_window> window_{};  // [sample % window]
+  std::uint64_t samples_ = 0;  // samples since the last restart of the fit
+  int since_explored_ = 0;     // observations since the last exploring step
+  bool exploring_ = false;     // the next step explores
 };
 
 static_assert(density_policy<adaptive_density_controller>);

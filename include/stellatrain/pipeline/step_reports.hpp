@@ -128,13 +128,19 @@ inline std::size_t read_step_reports(std::span<const std::byte> payload, std::in
 
 namespace detail {
 
-// How long an exchange takes on one rank includes waiting for ranks that are still computing:
-// with staleness 1 ranks drift up to a step apart, and that skew is not the link's. The rank
-// that starts a step's exchanges last waits for nobody, so the smallest exchange time among
-// the ranks is the link's. Every rank therefore sends its view of its last completed steps
-// with each message, and every rank observes, in step order, the same aggregate once all
-// ranks' reports of a step are in: exchange time, link bytes, bytes per element and latency
-// rounds of the rank with the smallest exchange time, compute time of the slowest rank.
+// How long an exchange takes on one rank includes waiting for ranks that are still computing
+// or that started the step later, and a rank that starts late finds the others' messages
+// already under way: one rank's exchange time is not the link's, and the shortest of them
+// can be near zero. What holds on every rank is the period: in steady state each rank's step
+// takes the same time, its compute plus the time it waited on the exchange. So the mean over
+// the ranks of (exchange + compute), less the slowest compute, is the exchange time that the
+// step exposes beyond its slowest compute (with staleness 0), and with staleness 1 the time
+// from the slowest rank's hand-over to the last arrival when the ranks start together (a
+// skew of starts adds to it, which makes the controller err on the side of less traffic).
+// Every rank therefore sends its view of its last completed steps with each message, and
+// every rank observes, in step order, the same aggregate once all ranks' reports of a step
+// are in: that exchange time (at least 0), the mean link bytes, bytes per element and
+// latency rounds, and the slowest rank's compute time.
 class step_report_book {
  public:
   // Latest own reports sent per message.
@@ -176,27 +182,36 @@ class step_report_book {
     for (;; ++next_) {
       bool complete = true;
       bool lost = false;
-      rank_report agg;
       for (const auto& t : peers_) {
-        const rank_report& r = t[static_cast<std::size_t>(next_) % window];
-        if (r.step > next_) lost = true;
-        if (r.step != next_) {
-          complete = false;
-          continue;
-        }
-        if (agg.step < 0 || r.exchange_seconds < agg.exchange_seconds) {
-          agg.exchange_seconds = r.exchange_seconds;
-          agg.link_bytes = r.link_bytes;
-          agg.bytes_per_element = r.bytes_per_element;
-          agg.latency_rounds = r.latency_rounds;
-        }
-        agg.step = next_;
-        agg.compute_seconds = std::max(agg.compute_seconds, r.compute_seconds);
+        const std::int64_t step = t[static_cast<std::size_t>(next_) % window].step;
+        if (step > next_) lost = true;
+        if (step != next_) complete = false;
       }
       if (lost) continue;
       if (!complete) return;
-      observe(std::as_const(agg));
+      const rank_report agg = aggregate();
+      observe(agg);
     }
+  }
+
+  // The aggregate of step next_, all of whose reports are in.
+  [[nodiscard]] rank_report aggregate() const {
+    rank_report agg{.step = next_};
+    double spans = 0, bytes = 0, per_element = 0, rounds = 0;
+    for (const auto& t : peers_) {
+      const rank_report& r = t[static_cast<std::size_t>(next_) % window];
+      agg.compute_seconds = std::max(agg.compute_seconds, r.compute_seconds);
+      spans += r.exchange_seconds + r.compute_seconds;
+      bytes += static_cast<double>(r.link_bytes);
+      per_element += r.bytes_per_element;
+      rounds += r.latency_rounds;
+    }
+    const double n = static_cast<double>(peers_.size());
+    agg.exchange_seconds = std::max(0.0, spans / n - agg.compute_seconds);
+    agg.link_bytes = static_cast<std::uint64_t>(std::llround(bytes / n));
+    agg.bytes_per_element = per_element / n;
+    agg.latency_rounds = rounds / n;
+    return agg;
   }
 
  private:
