@@ -160,6 +160,7 @@ json timeline_of(const mode_result& r) {
                       {"seconds", p.seconds},
                       {"density", p.density},
                       {"bandwidth_estimate_mbps", p.bandwidth_mbps},
+                      {"latency_estimate_ms", p.latency_ms},
                       {"link_mbps", p.link_mbps}});
   }
   return points;

@@ -31,6 +31,7 @@ struct step_point {
   double density;         // the step's density (1 for dense)
   double bandwidth_mbps;  // the controller's estimate then (0: dense, or none yet)
   double link_mbps;       // the uplinks' rate during the step (0: not shaped by the library)
+  double latency_ms;      // the controller's one-way latency, given or fitted (0: dense, none yet)
 };
 
 struct mode_result {

@@ -399,7 +399,7 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
     adam.set_learning_rate(learning_rate(s, s.lr, step));
     adam.step(0, std::span<const float>(grad));
     const double now = clock.seconds();
-    if (prog) prog->stepped({step + 1, now, 1.0, 0.0, links.mbps()}, loss);
+    if (prog) prog->stepped({step + 1, now, 1.0, 0.0, links.mbps(), 0.0}, loss);
     if (evaluates(s, step, steps)) {
       clock.paused([&] {
         if (prog) {
@@ -515,9 +515,9 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
     if (evaluated) fetch_all();
     const double now = clock.seconds();
     if (prog) {
-      prog->stepped(
-          {step + 1, now, p.stats().last_density, p.policy().bandwidth() * 8 / 1e6, links.mbps()},
-          loss);
+      prog->stepped({step + 1, now, p.stats().last_density, p.policy().bandwidth() * 8 / 1e6,
+                     links.mbps(), p.policy().latency() * 1e3},
+                    loss);
     }
     if (evaluated) {
       const auto e0 = std::chrono::steady_clock::now();
