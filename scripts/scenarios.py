@@ -16,6 +16,7 @@ Writes <out>/<scenario>/<run>/{summary.json,curve.csv,curve.png} and <out>/<scen
 prints the table.
 
   scripts/scenarios.py heterogeneous|fluctuating --trainer PATH [--out DIR] [-- trainer options]
+  scripts/scenarios.py heterogeneous|fluctuating --list-variants   (what bench/wan/run.sh runs)
 
 Trainer options after -- go to every run, in place of the scenario's own where they name the
 same option (-- --epochs 0.3 for a quick look).
@@ -32,19 +33,28 @@ from pathlib import Path
 DEVICE_RATE = 2048.0
 SLOW_FACTOR = 2.0
 HETEROGENEOUS = [
-    "--clusters", "1,1,1,1", "--mode", "stellatrain", "--batch", "256", "--epochs", "1",
-    "--target", "0.82", "--device-rate", str(DEVICE_RATE), "--slow-rank", f"3:{SLOW_FACTOR}",
-    "--split-interval", "5",
+    "--mode", "stellatrain", "--batch", "256", "--epochs", "1", "--target", "0.82",
+    "--device-rate", str(DEVICE_RATE), "--slow-rank", f"3:{SLOW_FACTOR}", "--split-interval", "5",
 ]
-# The fluctuating scenario's link: 500 Mbit/s, 50 from 5 s of training on, 200 from 10 s on
-# (the model reaches its target in about 10 s here, so the phases are that much shorter than
-# 20 s).
-PHASES = "5:50,10:200"
-FLUCTUATING = [
-    "--clusters", "1,1,1,1", "--mode", "stellatrain", "--epochs", "1.5", "--target", "0.86",
-    "--bandwidth", "500", "--bandwidth-schedule", PHASES,
-]
+FLUCTUATING = ["--mode", "stellatrain", "--epochs", "1.5", "--target", "0.86"]
 FIXED_DENSITIES = [0.001, 0.003, 0.01, 0.03]
+# Each scenario's runs: a name and the trainer options of that run, the network aside.
+VARIANTS = {
+    "heterogeneous": [(split, HETEROGENEOUS + ["--split", split])
+                      for split in ("equal", "holistic")],
+    "fluctuating": [("adaptive", FLUCTUATING + ["--min-density", "0.001", "--max-density", "0.03"])]
+    + [(f"fixed-{d}", FLUCTUATING + ["--min-density", str(d), "--max-density", str(d)])
+       for d in FIXED_DENSITIES],
+}
+# The network in process: 4 ranks, one per cluster; the fluctuating scenario's uplinks at 500
+# Mbit/s, 50 from 5 s of training on, 200 from 10 s on (the model reaches its target in about
+# 10 s here, so the phases are that much shorter than 20 s). Under wan-emu (bench/wan/run.sh)
+# the emulated network replaces these.
+PHASES = "5:50,10:200"
+NETWORK = {
+    "heterogeneous": ["--clusters", "1,1,1,1"],
+    "fluctuating": ["--clusters", "1,1,1,1", "--bandwidth", "500", "--bandwidth-schedule", PHASES],
+}
 
 
 def merged(args, extra):
@@ -75,8 +85,8 @@ def fmt_time(t):
 
 
 def heterogeneous(trainer, out, extra):
-    runs = {split: train(trainer, out, split, HETEROGENEOUS + ["--split", split], extra)
-            for split in ("equal", "holistic")}
+    runs = {name: train(trainer, out, name, NETWORK["heterogeneous"] + args, extra)
+            for name, args in VARIANTS["heterogeneous"]}
     ranks = len(runs["equal"]["curve"][0]["batches"])
     rates = [DEVICE_RATE / (SLOW_FACTOR if r == 3 else 1.0) for r in range(ranks)]
     global_batch = sum(runs["equal"]["curve"][0]["batches"])
@@ -153,13 +163,9 @@ def recovery(timeline):
 
 
 def fluctuating(trainer, out, extra):
-    runs = {"adaptive": train(trainer, out, "adaptive",
-                              FLUCTUATING + ["--min-density", "0.001", "--max-density", "0.03"],
-                              extra)}
-    for d in FIXED_DENSITIES:
-        runs[f"fixed {d * 100:g}%"] = train(
-            trainer, out, f"fixed-{d}", FLUCTUATING + ["--min-density", str(d), "--max-density",
-                                                      str(d)], extra)
+    names = ["adaptive"] + [f"fixed {d * 100:g}%" for d in FIXED_DENSITIES]
+    runs = {label: train(trainer, out, name, NETWORK["fluctuating"] + args, extra)
+            for label, (name, args) in zip(names, VARIANTS["fluctuating"])}
     rows = []
     for name, mode in runs.items():
         rows.append({"run": name, "time_to_target_s": mode["time_to_target_s"],
@@ -198,11 +204,19 @@ def fluctuating(trainer, out, extra):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scenario", choices=["heterogeneous", "fluctuating"])
-    parser.add_argument("--trainer", required=True, help="the train_fashion_mnist executable")
+    parser.add_argument("--trainer", help="the train_fashion_mnist executable")
     parser.add_argument("--out", default="out/scenarios", help="folder of the runs' outputs")
+    parser.add_argument("--list-variants", action="store_true",
+                        help="print each run as NAME|OPTIONS (the network aside) and exit")
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if args.list_variants:
+        for name, options in VARIANTS[args.scenario]:
+            print(f"{name}|{' '.join(options)}")
+        return
+    if not args.trainer:
+        parser.error("--trainer is required")
     out = Path(args.out) / args.scenario
     out.mkdir(parents=True, exist_ok=True)
     run = heterogeneous if args.scenario == "heterogeneous" else fluctuating

@@ -31,25 +31,22 @@ build=${1:-$root/build/demo}
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
 scenario=${WAN_SCENARIO:-}
-# Each variant: a name and its trainer options (no spaces inside an option).
+# Each variant: a name and its trainer options (no spaces inside an option); a scenario's come
+# from scripts/scenarios.py, which runs them in process.
 variants=("default|")
-common=()
 case "$scenario" in
   "") ;;
-  heterogeneous)
-    : "${WAN_CLUSTERS:=1,1,1,1}" "${WAN_LINKS:=100mbit:10}" "${WAN_BACKENDS:=zmq}"
-    common=(--mode stellatrain --batch 256 --epochs 1 --target 0.82 --device-rate 2048
-            --slow-rank 3:2 --split-interval 5)
-    variants=("equal|--split equal" "holistic|--split holistic") ;;
+  heterogeneous) : "${WAN_CLUSTERS:=1,1,1,1}" "${WAN_LINKS:=100mbit:10}" "${WAN_BACKENDS:=zmq}" ;;
   fluctuating)
     : "${WAN_CLUSTERS:=1,1,1,1}" "${WAN_LINKS:=500mbit:10}" "${WAN_BACKENDS:=zmq}"
-    : "${WAN_SCHEDULE:=6:50mbit,11:200mbit}"
-    common=(--mode stellatrain --epochs 1.5 --target 0.86)
-    variants=("adaptive|--min-density 0.001 --max-density 0.03")
-    for d in 0.001 0.003 0.01 0.03; do variants+=("fixed-$d|--min-density $d --max-density $d"); done ;;
+    : "${WAN_SCHEDULE:=6:50mbit,11:200mbit}" ;;
   *) echo "WAN training benchmark: WAN_SCENARIO is heterogeneous or fluctuating, not '$scenario'" >&2
      exit 2 ;;
 esac
+if [ -n "$scenario" ]; then
+  mapfile -t variants < <(python3 "$root/scripts/scenarios.py" "$scenario" --list-variants)
+  [ ${#variants[@]} -gt 0 ] || { echo "WAN training benchmark: no variants of $scenario" >&2; exit 2; }
+fi
 backends=${WAN_BACKENDS:-mpi zmq}
 links=${WAN_LINKS:-100mbit:10 1gbit:5}
 clusters=${WAN_CLUSTERS:-2,2}
@@ -79,7 +76,7 @@ for link in $links; do
       echo "== $backend, clusters $clusters, $rate per uplink, $((2 * delay)) ms RTT between clusters${scenario:+, $scenario: $name}"
       # No shaping by the library: the emulated network is the link.
       args=(--transport "$backend" --clusters "$clusters" --bandwidth 0 --rtt 0 --out "$out"
-            "${common[@]+"${common[@]}"}" "${options[@]+"${options[@]}"}"
+            "${options[@]+"${options[@]}"}"
             "${extra[@]+"${extra[@]}"}")
       if [ "$backend" = mpi ]; then
         OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \

@@ -14,6 +14,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 namespace stellatrain {
@@ -345,7 +346,7 @@ class adaptive_density_controller {
     ++samples_;
     const std::size_t n = std::min<std::size_t>(samples_, latency_fit_window);
     if (n < 6) return true;  // too few to judge yet (a fit of 4 start-up steps overshot)
-    double rr = 0, rb = 0, bb = 0, rs = 0, bs = 0, least = x.seconds / x.rounds;
+    double rr = 0, rb = 0, bb = 0, rs = 0, bs = 0, least = std::numeric_limits<double>::max();
     for (std::size_t i = 0; i < n; ++i) {
       const exchange_sample& w = window_[i];
       rr += w.rounds * w.rounds;
