@@ -203,8 +203,8 @@ std::optional<int> parse_options(int argc, char** argv, settings& s) {
       ->check(integer_in(0, max_int))
       ->capture_default_str();
   app.add_option("--staleness", s.staleness,
-                 "the pipeline's staleness, 0 or 1 (with 1, each change of the rate waits for "
-                 "the pipeline to drain)")
+                 "the pipeline's staleness, 0 or 1 (with 1, a step's exchange and update run "
+                 "during the next step's compute)")
       ->check(integer_in(0, 1))
       ->capture_default_str();
   app.add_option("--split", s.split,

@@ -493,12 +493,8 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
   training_clock clock;
   for (std::uint64_t step = 0; step < steps; ++step) {
     fetch();
-    if (const float lr = learning_rate(s, s.sparse_lr, step); lr != p.optimizer().options().lr) {
-      // The optimizer's rate may change only while it is idle: with staleness 0 the gates of
-      // fetch() have seen every handed-over step applied; with 1, wait for it.
-      if (s.staleness > 0) p.flush();
-      p.optimizer().set_learning_rate(lr);
-    }
+    // With staleness 1 the previous step may still be applied, at its own rate.
+    p.set_learning_rate(learning_rate(s, s.sparse_lr, step));
     links.at(clock.seconds());
     batches.next(d.train, x, y);
     const auto c0 = std::chrono::steady_clock::now();

@@ -200,6 +200,136 @@ TEST_CASE("identity compression equals plain data-parallel SGD on the averaged g
 
 namespace {
 
+// The learning rate of step s in the schedule tests: changes every step, by up to 3x.
+float scheduled_rate(std::int64_t s) { return 0.01f * static_cast<float>(1 + s % 3); }
+
+// A gradient that does not read the parameters, so that the result of a schedule does not
+// depend on which version a forward of staleness 1 saw: init - sum_s lr_s * mean_r g(r, s).
+void fixed_gradient(int rank, std::int64_t step, std::size_t t, std::span<float> g) {
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    g[i] = 0.001f * static_cast<float>((static_cast<std::int64_t>(i) * 7 + step * 13 + rank * 5 +
+                                        static_cast<std::int64_t>(t)) %
+                                       17) -
+           0.008f;
+  }
+}
+
+// Trains steps [first, last) of the schedule (setting each step's rate, except the first's
+// when `rate_of_first` is false), then flushes and copies the parameters (unless `finish` is
+// false: then the last steps may still be in flight, and nothing is returned).
+template <class Pipeline>
+std::vector<std::vector<float>> train_scheduled(Pipeline& p, int rank, std::int64_t first,
+                                                std::int64_t last, bool rate_of_first = true,
+                                                bool finish = true) {
+  std::vector<std::vector<float>> params = shaped_like_sizes();
+  std::vector<float> g;
+  for (std::int64_t s = first; s < last; ++s) {
+    for (std::size_t b = 0; b < p.bucket_count(); ++b) p.wait_for_forward(b);
+    if (s != first || rate_of_first) p.set_learning_rate(scheduled_rate(s));
+    for (std::size_t t = p.tensor_count(); t-- > 0;) {
+      g.resize(sizes[t]);
+      fixed_gradient(rank, s, t, g);
+      p.push_gradient(t, g);
+    }
+  }
+  if (!finish) return {};
+  p.flush();
+  for (std::size_t t = 0; t < p.tensor_count(); ++t) p.copy_params(t, params[t]);
+  return params;
+}
+
+}  // namespace
+
+// With staleness 1 the rate of step s + 1 is set while step s is still on the wire or being
+// applied (the delivery is delayed and shuffled, the buckets apply on two threads): each step
+// must still be applied at its own rate.
+TEST_CASE("a learning-rate schedule applies each step at its own rate, steps in flight",
+          "[pipeline]") {
+  const int ranks = 3;
+  const std::int64_t steps = 24;
+  const int staleness = GENERATE(0, 1);
+  std::vector<std::vector<std::vector<float>>> result(ranks);
+  run_in_process(ranks, [&](in_process_transport& raw) {
+    const int r = raw.rank();
+    test::shuffling_transport<in_process_transport> t(
+        std::move(raw), 7 + static_cast<std::uint64_t>(r), std::chrono::microseconds(1500));
+    thread_pool pool{2};
+    pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, float>(),
+               sgd_optimizer({.lr = 1.0f}),
+               {.bucket_bytes = 20000, .staleness = staleness, .exchange_threads = 2},
+               fixed_density{1.0});
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], 0, i));
+    p.start();
+    REQUIRE(p.bucket_count() > 1);
+    result[static_cast<std::size_t>(r)] = train_scheduled(p, r, 0, steps);
+    CHECK(p.optimizer().options().lr == scheduled_rate(steps - 1));
+  });
+  std::vector<float> g;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    const std::vector<float> init = initial_values(sizes[t], 0, t);
+    std::vector<double> want(init.begin(), init.end());
+    g.resize(sizes[t]);
+    for (std::int64_t s = 0; s < steps; ++s) {
+      std::vector<double> mean(sizes[t], 0.0);
+      for (int r = 0; r < ranks; ++r) {
+        fixed_gradient(r, s, t, g);
+        for (std::size_t j = 0; j < g.size(); ++j) mean[j] += g[j] / ranks;
+      }
+      for (std::size_t j = 0; j < g.size(); ++j) want[j] -= scheduled_rate(s) * mean[j];
+    }
+    for (int r = 0; r < ranks; ++r) {
+      for (std::size_t j = 0; j < sizes[t]; ++j) {
+        // One rate off by 0.01 at one step moves an element by up to 1e-4.
+        REQUIRE(result[static_cast<std::size_t>(r)][t][j] == Approx(want[j]).margin(1e-5));
+      }
+    }
+  }
+}
+
+TEST_CASE("a checkpoint holds the rate set for the step after it", "[pipeline]") {
+  const int ranks = 2;
+  auto make = [](in_process_transport& t, thread_pool& pool) {
+    return pipeline(t, pool, error_feedback_compressor<threshold_selector<>, float>(),
+                    adam_optimizer({.lr = 1.0f}), {.bucket_bytes = 20000, .staleness = 1},
+                    fixed_density{0.1});
+  };
+  std::vector<std::vector<std::byte>> saved(ranks);
+  std::vector<std::vector<std::vector<float>>> straight(ranks), restored(ranks);
+  run_in_process(ranks, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{2};
+    auto p = make(t, pool);
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    p.start();
+    (void)train_scheduled(p, r, 0, 7, true, false);
+    // The next step's rate, set while step 6 is likely still in flight: saved with the state.
+    p.set_learning_rate(scheduled_rate(7));
+    saved[static_cast<std::size_t>(r)] = p.save_checkpoint();
+    straight[static_cast<std::size_t>(r)] = train_scheduled(p, r, 7, 12, false);
+  });
+  run_in_process(ranks, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{2};
+    auto p = make(t, pool);
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    p.start();
+    p.load_checkpoint(saved[static_cast<std::size_t>(r)]);
+    restored[static_cast<std::size_t>(r)] = train_scheduled(p, r, 7, 12, false);
+  });
+  for (int r = 0; r < ranks; ++r) {
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      REQUIRE(std::memcmp(straight[static_cast<std::size_t>(r)][t].data(),
+                          restored[static_cast<std::size_t>(r)][t].data(),
+                          sizes[t] * sizeof(float)) == 0);
+    }
+  }
+}
+
+namespace {
+
 // Flips a bit in the middle of the payload of the first record tagged `tag` of a saved state
 // (core/saved_state.hpp) and makes that record's checksum match again, so that only what is
 // nested inside the payload can notice.
@@ -366,6 +496,8 @@ TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {
     CHECK_THROWS_AS(p.add_tensor(8, init), error);  // after start
     std::vector<float> wrong(9);
     CHECK_THROWS_AS(p.push_gradient(0, wrong), error);
+    CHECK_THROWS_AS(p.set_learning_rate(-0.1f), error);
+    CHECK_THROWS_AS(p.set_learning_rate(std::nanf("")), error);
     p.push_gradient(0, init);
     p.flush();
     std::vector<float> out(10);
@@ -380,6 +512,11 @@ TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {
     p.start();
     CHECK_THROWS_AS((void)p.gradient_buffer(0), error);  // zero-copy needs one micro-batch
     CHECK_THROWS_AS(p.push_gradient(0), error);
+    p.push_gradient(0, std::vector<float>(10, 1.0f));
+    CHECK_THROWS_AS(p.set_learning_rate(0.5f), error);  // in the middle of a step
+    p.push_gradient(0, std::vector<float>(10, 1.0f));
+    p.set_learning_rate(0.5f);
+    p.flush();
   });
 }
 

@@ -39,6 +39,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -496,6 +497,44 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     });
   }
 
+  /// Sets the learning rate of the steps handed over from now on, the earlier ones keeping
+  /// theirs (a scheduler's hook that leaves steps in flight alone: with staleness 1 the
+  /// previous step may still be applied at its own rate while the next one computes). Call
+  /// between steps, when every tensor has been handed over equally often; all ranks must set
+  /// the same rates at the same steps. The optimizer takes a new rate once every bucket has
+  /// applied the step before it: the applies of that step's buckets wait for each other, the
+  /// exchanges and the application do not. Setting the rate in effect is free. Needs an
+  /// optimizer with `set_learning_rate(float)`. Errors: `errc::invalid_argument` for a rate that
+  /// is negative or not finite, or a call in the middle of a step's hand-overs. A checkpoint
+  /// holds the rate of the step after it; `load_checkpoint` restores that rate and drops the
+  /// changes that had not taken effect.
+  void set_learning_rate(float lr) requires requires(Optimizer& o) { o.set_learning_rate(lr); }
+  {
+    if (!std::isfinite(lr) || lr < 0) {
+      throw_error(errc::invalid_argument,
+                  "pipeline::set_learning_rate: the rate must be finite and >= 0, got " +
+                      std::to_string(lr));
+    }
+    std::lock_guard lock(mutex_);
+    const std::uint64_t pushes = static_cast<std::uint64_t>(pushed_steps_) * options_.micro_batches;
+    for (const tensor_state& ts : tensors_) {
+      if (ts.pushes != pushes) {
+        throw_error(errc::invalid_argument,
+                    "pipeline::set_learning_rate: call between steps (tensor " +
+                        std::to_string(ts.id) + " has " + std::to_string(ts.pushes) +
+                        " hand-overs, " + std::to_string(pushes) + " complete the last step)");
+      }
+    }
+    if (requested_lr_ == lr) return;
+    requested_lr_ = lr;
+    if (!rate_changes_.empty() && rate_changes_.back().step == pushed_steps_) {
+      rate_changes_.back().lr = lr;
+    } else {
+      rate_changes_.push_back({pushed_steps_, lr});
+    }
+    take_rate_changes(pushed_steps_);
+  }
+
   /// Tells the pipeline that `seconds` of the time since this rank's last complete hand-over
   /// went to work other than the step's forward and backward (an evaluation, a checkpoint, a
   /// collective of the application's own): the step's compute time, which the density policy
@@ -540,7 +579,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     std::lock_guard lock(mutex_);
     return {last_measurement_, observations_};
   }
-  /// The optimizer (its master parameters and state). Use only while no step is in flight.
+  /// The optimizer (its master parameters and state). Use only while no step is in flight
+  /// (`set_learning_rate` changes the rate while steps are).
   [[nodiscard]] Optimizer& optimizer() noexcept { return optimizer_; }
   [[nodiscard]] Compressor& compressor() noexcept { return compressor_; }
 
@@ -553,6 +593,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   /// differ between ranks).
   [[nodiscard]] std::vector<std::byte> save_checkpoint() {
     flush();
+    // The rate of the next step goes into the optimizer's state.
+    timed_wait("save_checkpoint", [&] { return take_rate_changes(pushed_steps_); });
     std::lock_guard lock(mutex_);
     const auto c = compressor_.save_state();
     std::vector<std::byte> o(static_cast<std::size_t>(optimizer_.state_size_bytes()));
@@ -585,6 +627,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
       throw;
     }
     if (saved.policy) policy_ = std::move(*saved.policy);
+    rate_changes_.clear();
+    requested_lr_.reset();
     const auto s = static_cast<std::int64_t>(saved.steps);
     pushed_steps_ = s;
     applied_step_ = s - 1;
@@ -738,10 +782,36 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
       schedule({next, b, false});
     }
     const std::int64_t to_apply = bs.applied + 1;
-    if (!bs.apply_busy && bs.exchanged >= to_apply) {
+    bool rate_changed = false;
+    if (!bs.apply_busy && bs.exchanged >= to_apply && take_rate_changes(to_apply, &rate_changed)) {
       bs.apply_busy = true;
       schedule({to_apply, b, true});
+      // Other buckets' applies of the step may have waited for the new rate (these calls
+      // change no rate: this bucket's apply is now busy).
+      if (rate_changed) {
+        for (std::size_t o = 0; o < buckets_.size(); ++o) {
+          if (o != b) launch_ready(o);
+        }
+      }
     }
+  }
+
+  // Puts into effect the learning-rate changes of the steps up to `step` once every bucket
+  // has applied the step before each and none is applying; returns whether none of them is
+  // left waiting (then `step` may be applied).
+  bool take_rate_changes(std::int64_t step, bool* changed = nullptr) {
+    while (!rate_changes_.empty() && rate_changes_.front().step <= step) {
+      const rate_change& c = rate_changes_.front();
+      for (const auto& b : buckets_) {
+        if (b->applied < c.step - 1 || b->apply_busy) return false;
+      }
+      if constexpr (requires { optimizer_.set_learning_rate(c.lr); }) {
+        optimizer_.set_learning_rate(c.lr);  // validated by set_learning_rate
+      }
+      rate_changes_.pop_front();
+      if (changed) *changed = true;
+    }
+    return true;
   }
 
   void schedule(ready_task task) {
@@ -780,7 +850,14 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
       } else {
         bs.compress_busy = false;
       }
-      if (!failed_) launch_ready(task.bucket);
+      if (!failed_) {
+        if (task.apply && !rate_changes_.empty()) {
+          // A rate change waits for every bucket's apply: this one may have been the last.
+          for (std::size_t b = 0; b < buckets_.size(); ++b) launch_ready(b);
+        } else {
+          launch_ready(task.bucket);
+        }
+      }
       --active_tasks_;
     }
     changed_.notify_all();
@@ -1511,6 +1588,12 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   Transport* lan_ = nullptr;  // a hierarchical pipeline's LAN tier (then transport_ is the WAN)
   std::optional<cluster_topology> topology_;
   std::vector<int> heard_;  // hierarchical: the global ranks whose reports arrive, ascending
+  struct rate_change {
+    std::int64_t step;  // the first step at the new rate
+    float lr;
+  };
+  std::deque<rate_change> rate_changes_;  // set_learning_rate's, not yet in effect, by step
+  std::optional<float> requested_lr_;     // the last rate set_learning_rate asked for
   std::vector<std::jthread> exchangers_;  // last: joined first
 };
 
