@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Trains the example once per hook (none, fp16, powersgd, stellatrain) with 4 DDP processes,
-# each in its own network namespace under wan-emu: a 100 Mbit/s link per rank, 20 ms RTT
-# between ranks (or, with PYTORCH_DDP_CLUSTERS=2,2, two clusters whose uplinks are shaped so).
-# Then prints the table from the summaries in OUT (default out/pytorch_ddp).
+# Trains the example once per hook (none, fp16, powersgd, stellatrain, stellatrain-adaptive)
+# with 4 DDP processes, each in its own network namespace under wan-emu: a 100 Mbit/s link per
+# rank, 20 ms RTT between ranks (or, with PYTORCH_DDP_CLUSTERS=2,2, two clusters whose uplinks
+# are shaped so). Then prints the table from the summaries in OUT (default out/pytorch_ddp).
 #
 #   examples/pytorch_ddp/run.sh [OUT] [-- extra train.py options]
 #
-# Environment: PYTORCH_DDP_HOOKS ("none fp16 powersgd stellatrain"), PYTORCH_DDP_RATE
-# (100mbit), PYTORCH_DDP_DELAY_MS (10, one way), PYTORCH_DDP_CLUSTERS (unset: one link per
-# rank), WAN_EMU (default ../shared/tools/wan-emu beside the checkout), WAN_CC (reno; "host"
-# keeps the host's congestion control). Needs root and network namespaces; the package must
-# be importable (scripts/install-python, or a build: PYTHONPATH=build/ci/python).
+# Environment: PYTORCH_DDP_HOOKS ("none fp16 powersgd stellatrain stellatrain-adaptive"),
+# PYTORCH_DDP_RATE (100mbit), PYTORCH_DDP_DELAY_MS (10, one way), PYTORCH_DDP_CLUSTERS (unset:
+# one link per rank), WAN_EMU (default ../shared/tools/wan-emu beside the checkout), WAN_CC
+# (reno; "host" keeps the host's congestion control). Needs root and network namespaces; the
+# package must be importable (scripts/install-python, or a build: PYTHONPATH=build/ci/python).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../bench/wan/common.sh"
 out=${1:-out/pytorch_ddp}
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
-hooks=${PYTORCH_DDP_HOOKS:-none fp16 powersgd stellatrain}
+hooks=${PYTORCH_DDP_HOOKS:-none fp16 powersgd stellatrain stellatrain-adaptive}
 rate=${PYTORCH_DDP_RATE:-100mbit}
 delay=${PYTORCH_DDP_DELAY_MS:-10}
 here=$root/examples/pytorch_ddp

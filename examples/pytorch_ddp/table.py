@@ -5,9 +5,10 @@ target accuracy, final accuracy, bytes per step and step time per hook, and the 
 target against dense (hook none)."""
 import json
 import os
+import statistics
 import sys
 
-HOOKS = ("none", "fp16", "powersgd", "stellatrain")
+HOOKS = ("none", "fp16", "powersgd", "stellatrain", "stellatrain-adaptive")
 NAMES = {"none": "none (dense allreduce)", "fp16": "fp16_compress_hook",
          "powersgd": "PowerSGD", "stellatrain": "stellatrain"}
 
@@ -18,6 +19,11 @@ def describe(s):
         return f"{NAMES['powersgd']} rank {o['powersgd_rank']}"
     if s["hook"] == "stellatrain":
         return f"stellatrain {o['density']:.3g} {o['values']}"
+    if s["hook"] == "stellatrain-adaptive":
+        warm = s["densities"][o["start_iter"]:] or [o["density"]]
+        return (f"stellatrain adaptive {o['min_density']:.3g}..{o['max_density']:.3g} "
+                f"{o['values']}, exchange {o['exchange_ratio']:.3g} of compute (median "
+                f"{statistics.median(warm):.3g})")
     return NAMES[s["hook"]]
 
 

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """A small CNN on Fashion-MNIST trained with PyTorch DDP over Gloo, with one communication
 hook: none (DDP's dense allreduce), PyTorch's fp16_compress_hook, PyTorch's PowerSGD, or
-stellatrain's compression_hook. Every hook trains the same model from the same seed on the
+stellatrain's compression_hook at a fixed density (stellatrain) or an adaptive one
+(stellatrain-adaptive). Every hook trains the same model from the same seed on the
 same batches with the same optimizer for the same number of steps.
 
 One process per rank. The rank and world come from torch's variables (RANK, WORLD_SIZE,
@@ -39,7 +40,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 import stellatrain  # noqa: E402
 import stellatrain.torch as st  # noqa: E402
 
-HOOKS = ("none", "fp16", "powersgd", "stellatrain")
+HOOKS = ("none", "fp16", "powersgd", "stellatrain", "stellatrain-adaptive")
 MEAN, STD = 0.2860, 0.3530  # of Fashion-MNIST's training pixels
 
 
@@ -54,7 +55,14 @@ def parse_args(argv=None):
                    help="DDP's bucket size, its first bucket's included (one bucket for the "
                         "default model)")
     p.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate")
-    p.add_argument("--density", type=float, default=0.01, help="stellatrain's density")
+    p.add_argument("--density", type=float, default=0.01,
+                   help="stellatrain's density (stellatrain-adaptive: its first)")
+    p.add_argument("--min-density", type=float, default=1e-3,
+                   help="stellatrain-adaptive's lowest density")
+    p.add_argument("--max-density", type=float, default=0.1,
+                   help="stellatrain-adaptive's highest density")
+    p.add_argument("--exchange-ratio", type=float, default=0.95,
+                   help="stellatrain-adaptive's exchange time as a share of the compute")
     p.add_argument("--values", choices=("fp32", "fp16", "bf16"), default="bf16",
                    help="stellatrain's value type on the wire")
     p.add_argument("--powersgd-rank", type=int, default=1,
@@ -78,6 +86,9 @@ def parse_args(argv=None):
               (a.bucket_mb > 0, "--bucket-mb must be > 0"),
               (a.lr > 0, "--lr must be > 0"),
               (0 < a.density <= 1, "--density must be in (0, 1]"),
+              (0 < a.min_density <= a.max_density <= 1,
+               "--min-density and --max-density must satisfy 0 < min <= max <= 1"),
+              (0 < a.exchange_ratio < float("inf"), "--exchange-ratio must be > 0"),
               (a.powersgd_rank >= 1, "--powersgd-rank must be >= 1"),
               (a.start_iter >= 0, "--start-iter must be >= 0"),
               (0 < a.target <= 1, "--target must be in (0, 1]"),
@@ -150,7 +161,8 @@ def tx_bytes():
 
 
 def register(ddp, a):
-    """Registers the hook named by --hook (none: DDP's own allreduce)."""
+    """Registers the hook named by --hook (none: DDP's own allreduce); returns stellatrain's
+    state, else None."""
     if a.hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif a.hook == "powersgd":
@@ -158,10 +170,15 @@ def register(ddp, a):
                                             matrix_approximation_rank=a.powersgd_rank,
                                             start_powerSGD_iter=max(2, a.start_iter))
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    elif a.hook == "stellatrain":
+    elif a.hook in ("stellatrain", "stellatrain-adaptive"):
         state = st.CompressionState(process_group=None, density=a.density, values=a.values,
-                                    start_iter=a.start_iter)
+                                    start_iter=a.start_iter,
+                                    adaptive=a.hook == "stellatrain-adaptive",
+                                    min_density=a.min_density, max_density=a.max_density,
+                                    exchange_ratio=a.exchange_ratio)
         ddp.register_comm_hook(state, st.compression_hook)
+        return state
+    return None
 
 
 def train(rank, world, a):
@@ -176,13 +193,13 @@ def train(rank, world, a):
     # first bucket as large as the others (PyTorch reads this variable for that purpose).
     dist._DEFAULT_FIRST_BUCKET_BYTES = int(a.bucket_mb * 2**20)
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
-    register(ddp, a)
+    state = register(ddp, a)
     opt = st.optim.Adam(ddp.parameters(), lr=a.lr)
 
     # Every rank draws the same permutation per epoch and takes its own stride of it, as
     # DistributedSampler does: no example twice within an epoch.
     per_epoch = len(y_train) // (a.batch * world)
-    step_times, evals = [], []
+    step_times, evals, densities = [], [], []
     train_time, time_to_target, steps_to_target = 0.0, None, None
     # Bytes and step times are those of the steady state: after the dense warm-up and a few
     # steps more.
@@ -204,6 +221,8 @@ def train(rank, world, a):
         dt = time.perf_counter() - t0
         step_times.append(dt)
         train_time += dt
+        if state is not None:
+            densities.append(state.density)  # of the next step
         if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
             acc = accuracy(model, x_test[:a.eval_samples], y_test[:a.eval_samples]) \
                 if rank == 0 else 0.0
@@ -230,6 +249,7 @@ def train(rank, world, a):
                                for t in everyone],
             "parameters": sum(p.numel() for p in model.parameters()),
             "evaluations": evals,
+            "densities": densities,
             "options": {k: v for k, v in vars(a).items() if k != "spawn"},
             "versions": {"torch": torch.__version__, "stellatrain": stellatrain.__version__,
                          "python": platform.python_version()},

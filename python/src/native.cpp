@@ -169,6 +169,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("threads", &executor_handle::threads);
 
   stellatrain_python::bind_compression(m);
+  stellatrain_python::bind_density(m);
 
   py::class_<adam_group> adam(m, "AdamGroup");
   adam.def(py::init([](float lr, float beta1, float beta2, float eps, float weight_decay,

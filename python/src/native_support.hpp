@@ -51,5 +51,7 @@ inline std::span<T> span_at(std::uintptr_t address, std::uint64_t elements) {
 
 /// Binds the compression classes (compression.cpp).
 void bind_compression(py::module_& m);
+/// Binds the density controller (density.cpp).
+void bind_density(py::module_& m);
 
 }  // namespace stellatrain_python

@@ -244,3 +244,77 @@ def test_bad_input_is_refused_with_a_clear_error():
     state = st.CompressionState(selector="exact")
     with pytest.raises(ValueError, match="saved with selector='threshold'"):
         state.load_state_dict(dict(st.CompressionState(selector="threshold").state_dict()))
+
+
+def _adaptive(rank, world_size, folder):
+    import random
+    import time
+
+    state = st.CompressionState(density=0.001, selector="exact", values="fp32", adaptive=True,
+                                min_density=1e-3, max_density=1.0)
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model(), bucket_cap_mb=0.01)
+    ddp.register_comm_hook(state, st.compression_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    jitter = random.Random(rank)
+    densities = []
+    for step in range(12):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        # The ranks' compute differs, step by step: their own times do too.
+        time.sleep(0.02 + 0.02 * jitter.random())
+        densities.append(state.density)
+    saved = state.state_dict()
+    torch.save(saved, f"{folder}/hook.{rank}.pt")
+    restored = st.CompressionState(density=0.5, selector="exact", values="fp32", adaptive=True,
+                                   min_density=1e-3, max_density=1.0)
+    restored.load_state_dict(torch.load(f"{folder}/hook.{rank}.pt"))
+    return (densities, [p.detach().clone() for p in ddp.parameters()],
+            (state.density, state.bandwidth(), state.latency()),
+            (restored.density, restored.bandwidth(), restored.latency()))
+
+
+def test_adaptive_density_is_the_same_on_every_rank_and_checkpointed(tmp_path):
+    results = world.run(_adaptive, 3, str(tmp_path))
+    densities, params, estimates, restored = results[0]
+    # The ranks' own times differ; the density each step is still the same on every rank,
+    # and so are the parameters.
+    for other in results[1:]:
+        assert other[0] == densities
+        for p, q in zip(other[1], params):
+            assert torch.equal(p, q)
+    # The controller acted: loopback carries this model's messages in far less than the
+    # 20-40 ms of compute, so it raised the density from its start.
+    assert densities[-1] > 0.001
+    assert estimates[1] > 0
+    # A restored state decides from the same estimates.
+    for r in results:
+        assert r[3] == r[2]
+
+
+def test_density_controller_binding_sizes_the_exchange_to_the_compute():
+    from stellatrain import _native
+
+    c = _native.DensityController(min_density=1e-4, max_density=0.5, initial_density=0.01,
+                                  target_ratio=0.95, latency_seconds=0.002)
+    # 4 ranks, 1M elements, 6 bytes per pair; a 10 MB/s link, 50 ms of compute.
+    c.set_model(elements=1_000_000, ranks=4, bytes_per_element=6.0, header_bytes=0.0,
+                latency_rounds=3.0)
+    for _ in range(30):
+        link_bytes = 3 * 1_000_000 * c.density * 6
+        c.observe(compute_seconds=0.05, comm_seconds=link_bytes / 1e7 + 3 * 0.002,
+                  link_bytes=int(link_bytes))
+    # comm = 0.95 * compute: 3 * 6e6 * d / 1e7 + 0.006 = 0.0475.
+    assert c.density == pytest.approx((0.0475 - 0.006) * 1e7 / 1.8e7, rel=0.1)
+    assert c.bandwidth == pytest.approx(1e7, rel=0.05)
+    with pytest.raises(ValueError, match="time"):
+        c.observe(compute_seconds=-1.0, comm_seconds=0.01, link_bytes=10)
+    with pytest.raises(ValueError):
+        c.load_state(b"not a state")
+    with pytest.raises(ValueError, match="min_density"):
+        st.CompressionState(adaptive=True, min_density=0.5, max_density=0.1)
+    with pytest.raises(ValueError, match="max_density"):
+        st.CompressionState(adaptive=True, max_density=0.0)
+    with pytest.raises(ValueError, match="exchange_ratio"):
+        st.CompressionState(adaptive=True, exchange_ratio=0.0)

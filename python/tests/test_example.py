@@ -17,7 +17,7 @@ DATA = "/usr/share/datasets/fashion-mnist"
 @pytest.mark.skipif(not os.path.isfile(os.path.join(DATA, "train-images-idx3-ubyte.gz")),
                     reason="dataset-fashion-mnist is not installed")
 def test_every_hook_trains_and_the_table_lists_them(tmp_path):
-    for hook in ("none", "fp16", "powersgd", "stellatrain"):
+    for hook in ("none", "fp16", "powersgd", "stellatrain", "stellatrain-adaptive"):
         subprocess.run([sys.executable, os.path.join(EXAMPLE, "train.py"), "--spawn", "2",
                         "--hook", hook, "--steps", "12", "--start-iter", "3",
                         "--eval-every", "4", "--eval-samples", "500", "--hidden", "256",
@@ -29,17 +29,23 @@ def test_every_hook_trains_and_the_table_lists_them(tmp_path):
         assert s["final_accuracy"] > 0.4
         assert s["bytes_per_step"] == [None, None]  # loopback: no interface of its own
         assert s["step_time_s"] > 0
+        if hook.startswith("stellatrain"):
+            assert len(s["densities"]) == 12
     table = subprocess.run([sys.executable, os.path.join(EXAMPLE, "table.py"), str(tmp_path)],
                            check=True, capture_output=True, text=True, timeout=60).stdout
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
-    assert [r.split(" | ")[0] for r in rows] == [
-        "| none (dense allreduce)", "| fp16_compress_hook", "| PowerSGD rank 1",
-        "| stellatrain 0.01 bf16"]
+    names = [r.split(" | ")[0] for r in rows]
+    assert names[:4] == ["| none (dense allreduce)", "| fp16_compress_hook",
+                         "| PowerSGD rank 1", "| stellatrain 0.01 bf16"]
+    assert len(names) == 5 and names[4].startswith(
+        "| stellatrain adaptive 0.001..0.1 bf16, exchange 0.95 of compute (median ")
 
 
 def test_bad_options_are_refused_before_any_work():
     for args, message in ((["--hook", "gzip"], "invalid choice"),
                           (["--hook", "none", "--density", "0"], "--density must be in (0, 1]"),
+                          (["--hook", "stellatrain-adaptive", "--min-density", "0.2",
+                            "--max-density", "0.1"], "--min-density and --max-density"),
                           (["--hook", "none", "--steps", "0"], "--steps must be >= 1"),
                           (["--hook", "none", "--data", "/nonexistent"], "--data: no")):
         r = subprocess.run([sys.executable, os.path.join(EXAMPLE, "train.py"), *args],

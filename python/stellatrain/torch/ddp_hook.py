@@ -25,11 +25,21 @@ does (up to the order of the float sums).
 - `state_dict()` / `load_state_dict()` carry the step count and each parameter's residual
   (parameters are numbered in the order the buckets first show them, which is the same in
   every run of one model); the threshold selectors re-estimate their bound after a restore.
+- `adaptive=True`: the density follows the link, chosen per step by stellatrain's adaptive
+  density controller (pipeline/density_controller.hpp) within [min_density, max_density],
+  starting from `density`: the largest density whose exchange takes about the step's compute
+  (forward, backward and optimizer, from one step's last gradient exchange to the next
+  step's last bucket), the latency of the link fitted from the steps' own times. Each rank
+  sends its last step's times in front of its messages; every rank combines them alike (the
+  mean over ranks of exchange + compute, less the slowest compute, as the C++ pipeline does)
+  and feeds its controller, so every rank picks the same density for the same step. A step
+  without the hook (a `no_sync` micro-batch) counts as compute of the next one.
 - Tensors: CPU fp32 buckets. A bucket of another dtype or device raises TypeError /
   ValueError naming it (this build has no CUDA path).
 """
 import math
 import struct
+import time
 
 import torch
 import torch.distributed as dist
@@ -41,17 +51,39 @@ from .kernels import _SELECTORS, _VALUES, _choice, _count, threads_handle
 __all__ = ["CompressionState", "compression_hook"]
 
 _VALUE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-_LENGTH_BYTES = 8  # the true message length in front of each padded message
+# In front of each padded message: its true length, then the sender's times of its last
+# complete step for the adaptive density (step, compute seconds, exchange seconds, link
+# bytes; step -1: none).
+_PREFIX = struct.Struct("<QqddQ")
+# A message's bytes besides its pairs: message header 32 + trailer 4 + section header 40 +
+# directory entry 16, and up to 8 bytes of alignment for each of the two payloads.
+_HEADER_BYTES = 32 + 4 + 40 + 16 + 16
+
+
+def _pair_bytes(n, values):
+    index_bytes = 2 if n <= 1 << 16 else (4 if n <= 1 << 32 else 8)
+    return index_bytes + _VALUE_BYTES[values]
 
 
 def message_bound(n, k, values):
     """Bytes of the largest message `compression_hook` can send for a bucket of n elements
     and k pairs: the wire format's headers plus raw indices (the encoding chosen is never
     larger) and the values."""
-    index_bytes = 2 if n <= 1 << 16 else (4 if n <= 1 << 32 else 8)
-    # message header 32 + trailer 4 + section header 40 + directory entry 16, and up to 8
-    # bytes of alignment for each of the two payloads.
-    return 32 + 4 + 40 + 16 + 16 + k * (index_bytes + _VALUE_BYTES[values])
+    return _HEADER_BYTES + k * _pair_bytes(n, values)
+
+
+class _StepTimes:
+    """One step's exchange as this rank saw it, for the adaptive density."""
+
+    def __init__(self, step):
+        self.step = step
+        self.first_launch = None  # the first bucket's all_gather launched
+        self.last_hook = None     # the last bucket handed to the hook (backward done)
+        self.last_done = None     # the last bucket's mean written
+        self.link_bytes = 0       # what the all_gathers carried per link
+        self.elements = 0
+        self.pair_bytes = 0.0     # sum over buckets of elements * bytes per pair
+        self.header_bytes = 0
 
 
 class _Bucket:
@@ -77,17 +109,49 @@ class CompressionState:
         start_iter: steps that run the dense allreduce first (PowerSGD's warm-up).
         threads: threads of the native kernels (default 1; the backward pass runs beside).
         seed: seed of the 'random' selector.
+        adaptive: choose the density per step from the measured link and compute (see the
+            module's documentation), starting from `density`.
+        min_density, max_density: the adaptive density's bounds, 0 < min <= max <= 1.
+        exchange_ratio: the exchange time the adaptive density aims at, as a share of the
+            step's compute (the C++ controller's `target_ratio`). The hook's exchange adds to
+            the step (it overlaps at most the rest of the backward pass), so a ratio r makes
+            a step up to 1 + r times its compute: lower ratios buy shorter steps with fewer
+            elements sent.
+
+    `density` is the density of the next step (with `adaptive`, the controller's choice);
+    `bandwidth()`, `latency()` the controller's estimates.
     """
 
     def __init__(self, process_group=None, density=0.01, selector="exact", values="bf16",
-                 start_iter=0, threads=1, seed=0):
+                 start_iter=0, threads=1, seed=0, adaptive=False, min_density=1e-4,
+                 max_density=0.1, exchange_ratio=0.95):
         if isinstance(density, bool) or not isinstance(density, (int, float)) or \
                 not 0.0 < density <= 1.0:
             raise ValueError(f"density must be in (0, 1], got {density!r}")
         _choice(selector, "selector", _SELECTORS)
         _choice(values, "values", _VALUES)
         _count(start_iter, "start_iter")
+        for name, value in (("min_density", min_density), ("max_density", max_density)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not 0.0 < value <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+        if min_density > max_density:
+            raise ValueError(f"min_density {min_density} exceeds max_density {max_density}")
+        if isinstance(exchange_ratio, bool) or not isinstance(exchange_ratio, (int, float)) or \
+                not 0.0 < exchange_ratio < math.inf:
+            raise ValueError(f"exchange_ratio must be finite and > 0, got {exchange_ratio!r}")
         self.process_group = process_group
+        self.adaptive = bool(adaptive)
+        self._controller = None
+        if self.adaptive:
+            self._controller = _native.DensityController(
+                min_density=float(min_density), max_density=float(max_density),
+                initial_density=float(density), target_ratio=float(exchange_ratio),
+                latency_seconds=0.0)
+            density = self._controller.density
+        self._times = None       # _StepTimes of the step in progress
+        self._report = None      # this rank's times of its last complete step
+        self._last_done = None   # when the step before the one in progress finished
         self.density = float(density)
         self.selector = selector
         self.values = values
@@ -167,6 +231,54 @@ class CompressionState:
         self._buckets[bucket.index()] = b
         return b
 
+    # ------------------------------------------------------------------ adaptive density
+
+    def bandwidth(self):
+        """The adaptive controller's bandwidth estimate in bytes/s (0 before it has one, and
+        without `adaptive`)."""
+        return self._controller.bandwidth if self._controller else 0.0
+
+    def latency(self):
+        """The adaptive controller's one-way latency estimate in seconds (0 without one)."""
+        return self._controller.latency if self._controller else 0.0
+
+    def _begin_step(self, step, now):
+        """The first bucket of `step`: the last step's times become this rank's report."""
+        prev = self._times
+        self._report = None
+        if prev is not None and prev.step == step - 1 and None not in (
+                prev.first_launch, prev.last_hook, prev.last_done):
+            if self._last_done is not None:
+                self._report = (prev.step, max(0.0, prev.last_hook - self._last_done),
+                                max(0.0, prev.last_done - prev.first_launch), prev.link_bytes,
+                                prev)
+            self._last_done = prev.last_done
+        else:
+            self._last_done = None
+        self._times = _StepTimes(step)
+        self._times.first_launch = now
+
+    def _observe(self, reports, world):
+        """Every rank's report of one step (the same reports on every rank): the controller's
+        next density. Reports of different steps (a rank restored from a checkpoint alone, or
+        one whose last step had no exchange) are skipped on every rank alike."""
+        if len({r[0] for r in reports}) != 1 or reports[0][0] < 0 or self._report is None:
+            return
+        for step, compute, comm, _ in reports:
+            if not (math.isfinite(compute) and math.isfinite(comm)) or compute < 0 or comm < 0:
+                raise ValueError(f"stellatrain: a rank reported times {compute}, {comm} for "
+                                 f"step {step}")
+        slowest = max(r[1] for r in reports)
+        period = sum(r[1] + r[2] for r in reports) / len(reports)
+        link = round(sum(r[3] for r in reports) / len(reports))
+        mine = self._report[4]
+        self._controller.set_model(elements=mine.elements, ranks=world,
+                                   bytes_per_element=mine.pair_bytes / max(1, mine.elements),
+                                   header_bytes=mine.header_bytes, latency_rounds=world - 1)
+        self._controller.observe(compute_seconds=slowest,
+                                 comm_seconds=max(0.0, period - slowest), link_bytes=link)
+        self.density = self._controller.density
+
     def residual(self, parameter):
         """A copy of the residual of `parameter` (flat; zeros before its first send)."""
         number = self._numbers.get(id(parameter))
@@ -184,13 +296,18 @@ class CompressionState:
                 residuals[number] = r
         for number, r in self._carry.items():
             residuals.setdefault(number, r.clone())
-        return {"iter": self.iter, "density": self.density, "selector": self.selector,
-                "values": self.values, "start_iter": self.start_iter, "residuals": residuals}
+        out = {"iter": self.iter, "density": self.density, "selector": self.selector,
+               "values": self.values, "start_iter": self.start_iter, "residuals": residuals}
+        if self._controller is not None:
+            out["controller"] = self._controller.save_state()
+        return out
 
     def load_state_dict(self, state_dict):
         """Restores `state_dict()`: the step count and the residuals, which each parameter's
-        next send adds. The options stay this state's; a dict of another selector or value
-        type raises ValueError."""
+        next send adds, and with `adaptive` the controller's estimates and density (a dict
+        without them, saved by a fixed density, leaves the controller as it starts). The
+        options stay this state's; a dict of another selector or value type raises
+        ValueError."""
         for key in ("iter", "selector", "values", "residuals"):
             if key not in state_dict:
                 raise ValueError(f"load_state_dict: the dict has no {key!r} entry")
@@ -204,9 +321,13 @@ class CompressionState:
                 raise ValueError(f"load_state_dict: residual {number} is not a 1-D float32 "
                                  f"tensor")
             residuals[int(number)] = r.clone()
+        if self._controller is not None and "controller" in state_dict:
+            self._controller.load_state(state_dict["controller"])
+            self.density = self._controller.density
         self._reset()
         self._carry = residuals
         self.iter = int(state_dict["iter"])
+        self._times = self._report = self._last_done = None
 
 
 def _allreduce_mean(group, world, grad):
@@ -228,6 +349,14 @@ def compression_hook(state, bucket):
 
     n = grad.numel()
     k = min(n, max(1, math.ceil(state.density * n)))
+    times = None
+    if state.adaptive:
+        now = time.perf_counter()
+        if state._times is None or state._times.step != step:
+            state._begin_step(step, now)
+        times = state._times
+        if bucket.is_last():
+            times.last_hook = now
     b = state._bucket_for(bucket, grad)
     for number, offset, size in zip(b.numbers, b.offsets, b.sizes):
         carry = state._carry.pop(number, None)
@@ -239,24 +368,36 @@ def compression_hook(state, bucket):
     if nbytes > bound:
         raise RuntimeError(f"stellatrain: bucket {bucket.index()}: message of {nbytes} bytes "
                            f"exceeds its bound {bound}")
-    out = torch.empty(_LENGTH_BYTES + bound, dtype=torch.uint8)
-    out[:_LENGTH_BYTES] = torch.frombuffer(bytearray(struct.pack("<Q", nbytes)),
-                                           dtype=torch.uint8)
-    state._codec.write(out.data_ptr() + _LENGTH_BYTES, bound)
+    out = torch.empty(_PREFIX.size + bound, dtype=torch.uint8)
+    report = state._report[:4] if times is not None and state._report else (-1, 0.0, 0.0, 0)
+    out[:_PREFIX.size] = torch.frombuffer(bytearray(_PREFIX.pack(nbytes, *report)),
+                                          dtype=torch.uint8)
+    state._codec.write(out.data_ptr() + _PREFIX.size, bound)
     state.bytes_sent += out.numel()
+    if times is not None:
+        times.link_bytes += (world - 1) * out.numel()
+        times.elements += n
+        times.pair_bytes += n * _pair_bytes(n, state.values)
+        times.header_bytes += _HEADER_BYTES + _PREFIX.size
     gathered = [torch.empty_like(out) for _ in range(world)]
     fut = dist.all_gather(gathered, out, group=group, async_op=True).get_future()
     codec, codec_id = state._codec, b.codec_id
+    observes = times is not None and bucket.is_last()
 
     def reduce(_):
-        messages = []
+        messages, reports = [], []
         for r, m in enumerate(gathered):
-            (length,) = struct.unpack("<Q", m[:_LENGTH_BYTES].numpy().tobytes())
+            length, *rep = _PREFIX.unpack(m[:_PREFIX.size].numpy().tobytes())
             if length > bound:
                 raise ValueError(f"stellatrain: bucket {bucket.index()}: rank {r} announced a "
                                  f"message of {length} bytes, the bound is {bound}")
-            messages.append((m.data_ptr() + _LENGTH_BYTES, length))
+            messages.append((m.data_ptr() + _PREFIX.size, length))
+            reports.append(tuple(rep))
         codec.reduce(codec_id, n, messages, grad.data_ptr(), True)
+        if times is not None:
+            times.last_done = max(times.last_done or 0.0, time.perf_counter())
+        if observes:
+            state._observe(reports, world)
         return grad
 
     return fut.then(reduce)
