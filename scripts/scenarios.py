@@ -8,7 +8,7 @@ heterogeneous: rank 3 computes 2x slower than the others. Every rank emulates a 
   given speed (--device-rate): it computes its forward and backward for real, then waits until
   its batch over the device's rate has passed, so the four ranks do not measure each other's
   share of this machine's cores; rank 3's device has half the rate. The equal split against
-  the holistic split (by the ranks' measured compute, agreed every few steps).
+  the holistic split (by the ranks' measured compute, agreed after 3 steps, then every 5).
 fluctuating: the uplinks change 500 -> 50 -> 200 Mbit/s during training; the adaptive density
   against fixed densities of 0.1%, 0.3%, 1% and 3%.
 

@@ -22,7 +22,9 @@
 # must be others): heterogeneous the equal and the holistic split (defaults WAN_CLUSTERS
 # 1,1,1,1, WAN_LINKS 100mbit:10), fluctuating the adaptive density and fixed 0.1%, 0.3%, 1%,
 # 3% (WAN_LINKS 500mbit:10, WAN_SCHEDULE 6:50mbit,11:200mbit: the phases count from the start
-# of the processes); WAN_BACKENDS defaults to zmq for both. Summaries land in
+# of the processes); WAN_BACKENDS defaults to zmq for both. The scenarios run the direct
+# all-gather, as in process (one round of latency per exchange; their messages are small:
+# the ring's 3 rounds of 10 ms would be most of an exchange). Summaries land in
 # out/wan/<scenario>/<backend>-<rate>/<variant>/.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -76,7 +78,7 @@ for link in $links; do
       echo "== $backend, clusters $clusters, $rate per uplink, $((2 * delay)) ms RTT between clusters${scenario:+, $scenario: $name}"
       # No shaping by the library: the emulated network is the link.
       args=(--transport "$backend" --clusters "$clusters" --bandwidth 0 --rtt 0 --out "$out"
-            "${options[@]+"${options[@]}"}"
+            ${scenario:+--allgather direct} "${options[@]+"${options[@]}"}"
             "${extra[@]+"${extra[@]}"}")
       if [ "$backend" = mpi ]; then
         OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \

@@ -219,7 +219,7 @@ void split_steps(stellatrain::in_process_transport& transport, int steps) {
     const auto t0 = std::chrono::steady_clock::now();
     compute(mine);  // then scale the gradient by split.my_weight() and hand it over
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
-    split.end_step(took.count());  // every `interval` steps: one all-gather, the same split
+    split.end_step(took.count());  // in decision steps: one all-gather, the same split
   }
   // [split]
   require(split.decisions() == static_cast<std::uint64_t>(steps) / 10, "split: decisions");

@@ -132,6 +132,12 @@ std::optional<int> parse_options(int argc, char** argv, settings& s) {
                  "STELLATRAIN_RANK and STELLATRAIN_ZMQ_PEERS (or _FILE) per process")
       ->check(CLI::IsMember({"inprocess", "mpi", "zmq"}))
       ->capture_default_str();
+  app.add_option("--allgather", s.allgather,
+                 "automatic | direct | ring: the stellatrain modes' sparse all-gather "
+                 "(automatic: direct in process, else a ring for more than 2 ranks; direct "
+                 "pays one latency per exchange, the ring P-1)")
+      ->check(CLI::IsMember({"automatic", "direct", "ring"}))
+      ->capture_default_str();
   auto* clusters = app.add_option(
       "--clusters", s.clusters,
       "cluster sizes in rank order, e.g. 2,2 or 3,1; their sum is the number of ranks "
@@ -209,12 +215,13 @@ std::optional<int> parse_options(int argc, char** argv, settings& s) {
       ->capture_default_str();
   app.add_option("--split", s.split,
                  "how the global batch (--batch times the ranks) goes to the ranks: equal, or "
-                 "holistic (by the ranks' measured compute speeds, agreed every --split-interval "
-                 "steps)")
+                 "holistic (by the ranks' measured compute speeds, agreed after 3 steps, then "
+                 "every --split-interval steps)")
       ->check(CLI::IsMember({"equal", "holistic"}))
       ->capture_default_str();
   app.add_option("--split-interval", s.split_interval,
-                 "steps between the ranks' exchanges of their compute times")
+                 "steps between the ranks' exchanges of their compute times (the first after "
+                 "3 steps, or this many if fewer)")
       ->check(integer_in(1, max_int))
       ->capture_default_str();
   app.add_option("--device-rate", s.device_rate,

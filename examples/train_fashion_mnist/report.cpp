@@ -49,6 +49,7 @@ json slow_ranks_of(const settings& s) {
 
 json options_of(const settings& s) {
   return {{"transport", s.transport},
+          {"allgather", s.allgather},
           {"ranks", s.ranks},
           {"clusters", s.clusters},
           {"bandwidth_mbps", s.bandwidth_mbps},

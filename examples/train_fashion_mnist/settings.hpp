@@ -24,6 +24,10 @@ struct settings {
   double epochs = 0.5;
   double target = 0.82;
   std::string transport = "inprocess";
+  // The sparse all-gather of the stellatrain modes: automatic (direct in process, where every
+  // link carries its copies at the link rate whatever the order; else a ring for more than 2
+  // ranks), direct or ring.
+  std::string allgather = "automatic";
   std::string out = "out/demo";
   std::vector<std::string> modes;  // of mode_names, in this order
   int batch = 32;                  // per rank: the global batch is batch * ranks

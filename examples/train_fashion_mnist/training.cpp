@@ -128,7 +128,7 @@ class rank_batches {
   }
 
   // After the forward and backward of next()'s batch took `seconds`: the emulated slowdown,
-  // then the split's bookkeeping (every split_interval steps a collective of all ranks).
+  // then the split's bookkeeping (in its decision steps a collective of all ranks).
   // Returns the seconds that bookkeeping took (no compute: the pipeline leaves it out).
   double computed(double seconds) {
     if (device_rate_ > 0) {
@@ -435,20 +435,22 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
   const double latency_s = s.rtt_ms / 2000.0;
   using compressor = st::error_feedback_compressor<st::threshold_selector<>, st::bf16>;
   using pipeline = st::pipeline<compressor, group_link, st::adam_optimizer, st::thread_pool>;
+  // In one process every rank's shaped link carries its P-1 copies at the link rate whatever
+  // the order: the direct all-gather pays the latency once. Over real TCP the automatic choice
+  // (a ring for more than 2 ranks) keeps one flow per link.
+  const st::allgather_algorithm allgather =
+      s.allgather == "direct"      ? st::allgather_algorithm::direct
+      : s.allgather == "ring"      ? st::allgather_algorithm::ring
+      : s.transport == "inprocess" ? st::allgather_algorithm::direct
+                                   : st::allgather_algorithm::automatic;
   const auto make = [&](auto&& exchange_links) {
     return std::make_unique<pipeline>(
         exchange_links, pool, compressor(), st::adam_optimizer({.lr = s.sparse_lr}),
-        // In one process every rank's shaped link carries its P-1 copies at the link
-        // rate whatever the order: the direct all-gather pays the latency once. Over
-        // real TCP the automatic choice (a ring for more than 2 ranks) keeps one flow
-        // per link.
         st::pipeline_options{.bucket_bytes = std::uint64_t{4} << 20,
                              .staleness = s.staleness,
                              .send_all_below = 4096,
                              .exchange_threads = 4,
-                             .algorithm = s.transport == "inprocess"
-                                              ? st::allgather_algorithm::direct
-                                              : st::allgather_algorithm::automatic,
+                             .algorithm = allgather,
                              .timeout = std::chrono::minutes(10)},
         st::adaptive_density_controller(
             {.min_density = s.min_density,

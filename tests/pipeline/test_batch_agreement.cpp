@@ -119,13 +119,40 @@ TEST_CASE("every rank applies the same split from the same step, and it follows 
     // A change only ever comes with a decision step, and says so.
     const bool differs = s > 0 ? split != traces[0].splits[s - 1] : split != equal_split(128, 4);
     CHECK(differs == traces[0].changed[s]);
-    if (differs) CHECK((s + 1) % o.interval == 0);
+    // Decisions after 3 steps (first_decision), then every 5.
+    if (differs) CHECK((s + 1 == 3 || (s + 1 > 3 && (s + 1 - 3) % o.interval == 0)));
   }
+  // The first decision, after 3 steps, already balances the batches.
+  CHECK(traces[0].changed[2]);
   const auto& last = traces[0].splits.back();
   // fixed + b * per_example equal on all ranks: 36.6/18.3 -> 37, 37, 36, 18 (or close).
   CHECK(last[3] >= 17);
   CHECK(last[3] <= 20);
   for (std::size_t r = 0; r < 3; ++r) CHECK(last[r] >= 35);
+}
+
+TEST_CASE("decisions come after first_decision steps, then every interval") {
+  run_in_process(2, [&](in_process_transport& t) {
+    auto decision_steps = [&](batch_split_options o) {
+      batch_split_agreement agreement(t, o);
+      std::vector<std::uint64_t> out;
+      for (std::uint64_t s = 1; s <= 14; ++s) {
+        if (agreement.is_decision_step(s)) out.push_back(s);
+      }
+      return out;
+    };
+    using v = std::vector<std::uint64_t>;
+    CHECK(decision_steps({.global_batch = 8, .interval = 5}) == v{3, 8, 13});
+    CHECK(decision_steps({.global_batch = 8, .interval = 5, .first_decision = 0}) == v{5, 10});
+    CHECK(decision_steps({.global_batch = 8, .interval = 4, .first_decision = 6}) ==
+          v{4, 8, 12});  // never later than the interval
+    CHECK(decision_steps({.global_batch = 8, .interval = 1}) ==
+          v{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14});
+    // end_step makes its collective exactly in those steps.
+    batch_split_agreement agreement(t, {.global_batch = 8, .interval = 5});
+    for (int s = 0; s < 14; ++s) agreement.end_step(0.01);
+    CHECK(agreement.decisions() == 3);
+  });
 }
 
 TEST_CASE("equal ranks keep the equal split through noise") {

@@ -13,6 +13,7 @@
 #include <stellatrain/transport/concept.hpp>
 #include <stellatrain/transport/message_buffer.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -32,6 +33,11 @@ struct batch_split_options {
   /// Steps between decisions: every `interval` steps the ranks all-gather the samples of the
   /// steps since the last decision (one collective, one round of latency).
   std::uint64_t interval = 10;
+  /// The first decision comes after min(first_decision, interval) steps, the later ones
+  /// `interval` steps apart: three samples per rank already fit a model (their median
+  /// resists one slow first step), and every step before the first decision runs at the
+  /// equal split. 0: the first after `interval` steps too.
+  std::uint64_t first_decision = 3;
   /// Samples of each rank that the fit uses (the newest); older ones are dropped, so the
   /// models follow a rank whose speed changes.
   std::size_t window = 32;
@@ -83,9 +89,10 @@ struct batch_split_options {
 ///
 /// Use: each rank computes the batch `my_batch()` of step s, then calls `end_step(seconds)`
 /// with the compute time it measured for it (forward + backward, without waiting for the
-/// exchange). In every `interval`-th step that call is a collective: all ranks must make it
-/// in the same steps (they do when they call it once per step from the same first step). Its
-/// return says whether the split of the next step differs; no split changes within a step.
+/// exchange). In a decision step (the `first_decision`-th, then every `interval`-th after it)
+/// that call is a collective: all ranks must make it in the same steps (they do when they call it
+/// once per step from the same first step). Its return says whether the split of the next step
+/// differs; no split changes within a step.
 ///
 /// Agreement: each rank contributes its samples to an all-gather; every rank then holds the
 /// same samples, fits each rank's `compute_model` with `fit_compute_model` over its newest
@@ -156,7 +163,7 @@ class batch_split_agreement {
   [[nodiscard]] const batch_split_options& options() const noexcept { return options_; }
 
   /// Ends this rank's step: `compute_seconds` is what computing `my_batch()` examples took.
-  /// Every `interval` steps a collective (see the class); returns whether the split changed.
+  /// In a decision step a collective (see the class); returns whether the split changed.
   bool end_step(double compute_seconds) {
     const std::uint64_t batch = my_batch();
     if (batch > 0 && std::isfinite(compute_seconds) && compute_seconds > 0) {
@@ -167,9 +174,17 @@ class batch_split_agreement {
       ++rejected_;
     }
     ++step_;
-    if (step_ % options_.interval != 0) return false;
+    if (!is_decision_step(step_)) return false;
     exchange();
     return decide();
+  }
+
+  /// Whether the step that ends as the `steps`-th (counted from 1) is a decision step.
+  [[nodiscard]] bool is_decision_step(std::uint64_t steps) const noexcept {
+    const std::uint64_t first = options_.first_decision == 0
+                                    ? options_.interval
+                                    : std::min(options_.first_decision, options_.interval);
+    return steps >= first && (steps - first) % options_.interval == 0;
   }
 
  private:
