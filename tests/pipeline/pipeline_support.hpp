@@ -8,6 +8,7 @@
 #include "catch.hpp"
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <span>
 #include <vector>
@@ -75,6 +76,16 @@ void train(Pipeline& p, int rank, std::int64_t steps, std::vector<std::vector<fl
   }
   p.flush();
   for (std::size_t t = 0; t < p.tensor_count(); ++t) p.copy_params(t, params[t]);
+}
+
+// Every tensor of `a` holds the same bits as in `b`.
+inline void require_same_bits(const std::vector<std::vector<float>>& a,
+                              const std::vector<std::vector<float>>& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t t = 0; t < a.size(); ++t) {
+    REQUIRE(a[t].size() == b[t].size());
+    REQUIRE(std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) == 0);
+  }
 }
 
 inline std::vector<std::vector<float>> shaped_like_sizes() {
