@@ -6,8 +6,10 @@
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/saved_state.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
+#include <stellatrain/pipeline/step_reports.hpp>
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "native_support.hpp"
 
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace stellatrain_python {
@@ -53,15 +56,24 @@ class density_controller {
   }
 
   void observe(double compute_seconds, double comm_seconds, std::uint64_t link_bytes) {
-    for (const double x : {compute_seconds, comm_seconds}) {
-      if (!std::isfinite(x) || x < 0) {
-        throw py::value_error("stellatrain: measured times must be finite and >= 0, got " +
-                              std::to_string(x));
-      }
-    }
+    check_times(compute_seconds, comm_seconds);
     c_.observe({.compute_seconds = compute_seconds,
                 .comm_seconds = comm_seconds,
                 .link_bytes = link_bytes});
+  }
+
+  // One step's times of every rank, (compute, exchange, link bytes) each: observes their
+  // combination, the one the C++ pipeline observes (pipeline/step_reports.hpp).
+  void observe_ranks(const std::vector<std::tuple<double, double, std::uint64_t>>& reports) {
+    st::detail::report_aggregate agg;
+    for (const auto& [compute, exchange, bytes] : reports) {
+      check_times(compute, exchange);
+      agg.add({.exchange_seconds = exchange, .compute_seconds = compute, .link_bytes = bytes});
+    }
+    const st::rank_report a = agg.result(0);
+    c_.observe({.compute_seconds = a.compute_seconds,
+                .comm_seconds = a.exchange_seconds,
+                .link_bytes = a.link_bytes});
   }
 
   [[nodiscard]] py::bytes save_state() const {
@@ -87,6 +99,15 @@ class density_controller {
   const st::adaptive_density_controller& get() const noexcept { return c_; }
 
  private:
+  static void check_times(double compute_seconds, double comm_seconds) {
+    for (const double x : {compute_seconds, comm_seconds}) {
+      if (!std::isfinite(x) || x < 0) {
+        throw py::value_error("stellatrain: measured times must be finite and >= 0, got " +
+                              std::to_string(x));
+      }
+    }
+  }
+
   st::adaptive_density_controller c_;
 };
 
@@ -101,6 +122,7 @@ void bind_density(py::module_& m) {
            py::arg("bytes_per_element"), py::arg("header_bytes"), py::arg("latency_rounds"))
       .def("observe", &density_controller::observe, py::arg("compute_seconds"),
            py::arg("comm_seconds"), py::arg("link_bytes"))
+      .def("observe_ranks", &density_controller::observe_ranks, py::arg("reports"))
       .def_property_readonly("density",
                              [](const density_controller& c) { return c.get().density(); })
       .def_property_readonly("bandwidth",

@@ -78,6 +78,13 @@ void train(Pipeline& p, int rank, std::int64_t steps, std::vector<std::vector<fl
   for (std::size_t t = 0; t < p.tensor_count(); ++t) p.copy_params(t, params[t]);
 }
 
+// Registers the toy model's tensors (ids 0, 1, ...) with the initial values of `rank`.
+template <class Pipeline>
+void add_sizes(Pipeline& p, int rank) {
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], rank, i));
+}
+
 // Every tensor of `a` holds the same bits as in `b`.
 inline void require_same_bits(const std::vector<std::vector<float>>& a,
                               const std::vector<std::vector<float>>& b) {

@@ -89,8 +89,7 @@ TEST_CASE("pipeline: time excluded from compute does not reach the policy", "[pi
       pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, bf16>(),
                  adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 20000, .staleness = 0},
                  observing_density{0.05, &observed[static_cast<std::size_t>(r)]});
-      for (std::size_t i = 0; i < sizes.size(); ++i)
-        p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+      add_sizes(p, r);
       p.start();
       auto params = shaped_like_sizes();
       for (int step = 0; step < 8; ++step) {
@@ -136,8 +135,7 @@ TEST_CASE("zero-copy hand-over trains exactly as the copying one", "[pipeline]")
       pipeline p(t, pool, error_feedback_compressor<threshold_selector<>, bf16>(),
                  adam_optimizer({.lr = 1e-3f}), {.bucket_bytes = 20000, .staleness = 0},
                  fixed_density{0.05});
-      for (std::size_t i = 0; i < sizes.size(); ++i)
-        p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+      add_sizes(p, r);
       p.start();
       auto params = shaped_like_sizes();
       train(p, r, 20, params, mode);
@@ -165,8 +163,7 @@ TEST_CASE("identity compression equals plain data-parallel SGD on the averaged g
     thread_pool pool{1};
     pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, float>(),
                sgd_optimizer(sgd), {.bucket_bytes = 30000, .staleness = 0}, fixed_density{1.0});
-    for (std::size_t i = 0; i < sizes.size(); ++i)
-      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    add_sizes(p, r);
     p.start();
     auto params = shaped_like_sizes();
     train(p, r, steps, params);
@@ -258,8 +255,7 @@ TEST_CASE("a learning-rate schedule applies each step at its own rate, steps in 
                sgd_optimizer({.lr = 1.0f}),
                {.bucket_bytes = 20000, .staleness = staleness, .exchange_threads = 2},
                fixed_density{1.0});
-    for (std::size_t i = 0; i < sizes.size(); ++i)
-      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], 0, i));
+    add_sizes(p, 0);
     p.start();
     REQUIRE(p.bucket_count() > 1);
     result[static_cast<std::size_t>(r)] = train_scheduled(p, r, 0, steps);
@@ -300,8 +296,7 @@ TEST_CASE("a checkpoint holds the rate set for the step after it", "[pipeline]")
     const int r = t.rank();
     thread_pool pool{2};
     auto p = make(t, pool);
-    for (std::size_t i = 0; i < sizes.size(); ++i)
-      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    add_sizes(p, r);
     p.start();
     (void)train_scheduled(p, r, 0, 7, true, false);
     // The next step's rate, set while step 6 is likely still in flight: saved with the state.
@@ -313,8 +308,7 @@ TEST_CASE("a checkpoint holds the rate set for the step after it", "[pipeline]")
     const int r = t.rank();
     thread_pool pool{2};
     auto p = make(t, pool);
-    for (std::size_t i = 0; i < sizes.size(); ++i)
-      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    add_sizes(p, r);
     p.start();
     p.load_checkpoint(saved[static_cast<std::size_t>(r)]);
     restored[static_cast<std::size_t>(r)] = train_scheduled(p, r, 7, 12, false);
@@ -382,8 +376,7 @@ TEST_CASE("a restored checkpoint continues bit-identically", "[pipeline]") {
     const int r = t.rank();
     thread_pool pool{1};
     auto p = make(t, pool);
-    for (std::size_t i = 0; i < sizes.size(); ++i)
-      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    add_sizes(p, r);
     p.start();
     train_micro(p, r, 8);
     saved[static_cast<std::size_t>(r)] = p.save_checkpoint();
@@ -393,8 +386,7 @@ TEST_CASE("a restored checkpoint continues bit-identically", "[pipeline]") {
     const int r = t.rank();
     thread_pool pool{1};
     auto p = make(t, pool);
-    for (std::size_t i = 0; i < sizes.size(); ++i)
-      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], 3 - r, i));
+    add_sizes(p, 3 - r);
     p.start();
     // A corrupted blob is refused and changes nothing: neither one the container's checksums
     // catch, nor one whose optimizer state is refused after the compressor's was accepted.
@@ -447,8 +439,7 @@ TEST_CASE("a failure in one rank's stage reaches every rank as an error, without
     pipeline p(t, pool, std::move(c), sgd_optimizer({.lr = 0.1f}),
                {.bucket_bytes = 16000, .staleness = 1, .timeout = std::chrono::milliseconds(20000)},
                fixed_density{0.1});
-    for (std::size_t i = 0; i < sizes.size(); ++i)
-      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    add_sizes(p, r);
     p.start();
     auto params = shaped_like_sizes();
     try {
@@ -522,8 +513,7 @@ TEST_CASE("pipeline: step reports count the latencies of the all-gather that run
                  adam_optimizer({.lr = 1e-3f}),
                  {.bucket_bytes = std::uint64_t{1} << 30, .staleness = 0, .algorithm = algorithm},
                  fixed_density{0.1});
-      for (std::size_t i = 0; i < sizes.size(); ++i)
-        p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+      add_sizes(p, r);
       p.start();
       REQUIRE(p.bucket_count() == 1);
       std::vector<std::vector<float>> params;

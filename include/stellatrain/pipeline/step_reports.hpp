@@ -141,6 +141,34 @@ namespace detail {
 // every rank observes, in step order, the same aggregate once all ranks' reports of a step
 // are in: that exchange time (at least 0), the mean link bytes, bytes per element and
 // latency rounds, and the slowest rank's compute time.
+// The combination of one step's reports, one per rank, that every rank observes (see
+// step_report_book): the mean over the ranks of (exchange + compute) less the slowest compute
+// (at least 0), the slowest compute, and the means of link bytes, bytes per element and
+// latency rounds. Add every rank's report, then take `result`.
+class report_aggregate {
+ public:
+  void add(const rank_report& r) noexcept {
+    compute_ = std::max(compute_, r.compute_seconds);
+    spans_ += r.exchange_seconds + r.compute_seconds;
+    bytes_ += static_cast<double>(r.link_bytes);
+    per_element_ += r.bytes_per_element;
+    rounds_ += r.latency_rounds;
+    n_ += 1;
+  }
+  [[nodiscard]] rank_report result(std::int64_t step) const noexcept {
+    rank_report agg{.step = step, .compute_seconds = compute_};
+    if (n_ == 0) return agg;
+    agg.exchange_seconds = std::max(0.0, spans_ / n_ - compute_);
+    agg.link_bytes = static_cast<std::uint64_t>(std::llround(bytes_ / n_));
+    agg.bytes_per_element = per_element_ / n_;
+    agg.latency_rounds = rounds_ / n_;
+    return agg;
+  }
+
+ private:
+  double compute_ = 0, spans_ = 0, bytes_ = 0, per_element_ = 0, rounds_ = 0, n_ = 0;
+};
+
 class step_report_book {
  public:
   // Latest own reports sent per message.
@@ -196,22 +224,9 @@ class step_report_book {
 
   // The aggregate of step next_, all of whose reports are in.
   [[nodiscard]] rank_report aggregate() const {
-    rank_report agg{.step = next_};
-    double spans = 0, bytes = 0, per_element = 0, rounds = 0;
-    for (const auto& t : peers_) {
-      const rank_report& r = t[static_cast<std::size_t>(next_) % window];
-      agg.compute_seconds = std::max(agg.compute_seconds, r.compute_seconds);
-      spans += r.exchange_seconds + r.compute_seconds;
-      bytes += static_cast<double>(r.link_bytes);
-      per_element += r.bytes_per_element;
-      rounds += r.latency_rounds;
-    }
-    const double n = static_cast<double>(peers_.size());
-    agg.exchange_seconds = std::max(0.0, spans / n - agg.compute_seconds);
-    agg.link_bytes = static_cast<std::uint64_t>(std::llround(bytes / n));
-    agg.bytes_per_element = per_element / n;
-    agg.latency_rounds = rounds / n;
-    return agg;
+    report_aggregate agg;
+    for (const auto& t : peers_) agg.add(t[static_cast<std::size_t>(next_) % window]);
+    return agg.result(next_);
   }
 
  private:

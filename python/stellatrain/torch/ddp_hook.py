@@ -84,6 +84,7 @@ class _StepTimes:
         self.elements = 0
         self.pair_bytes = 0.0     # sum over buckets of elements * bytes per pair
         self.header_bytes = 0
+        self.compute = None       # from the step before's last_done to last_hook
 
 
 class _Bucket:
@@ -249,9 +250,8 @@ class CompressionState:
         if prev is not None and prev.step == step - 1 and None not in (
                 prev.first_launch, prev.last_hook, prev.last_done):
             if self._last_done is not None:
-                self._report = (prev.step, max(0.0, prev.last_hook - self._last_done),
-                                max(0.0, prev.last_done - prev.first_launch), prev.link_bytes,
-                                prev)
+                prev.compute = max(0.0, prev.last_hook - self._last_done)
+                self._report = prev
             self._last_done = prev.last_done
         else:
             self._last_done = None
@@ -264,19 +264,11 @@ class CompressionState:
         one whose last step had no exchange) are skipped on every rank alike."""
         if len({r[0] for r in reports}) != 1 or reports[0][0] < 0 or self._report is None:
             return
-        for step, compute, comm, _ in reports:
-            if not (math.isfinite(compute) and math.isfinite(comm)) or compute < 0 or comm < 0:
-                raise ValueError(f"stellatrain: a rank reported times {compute}, {comm} for "
-                                 f"step {step}")
-        slowest = max(r[1] for r in reports)
-        period = sum(r[1] + r[2] for r in reports) / len(reports)
-        link = round(sum(r[3] for r in reports) / len(reports))
-        mine = self._report[4]
+        mine = self._report
         self._controller.set_model(elements=mine.elements, ranks=world,
                                    bytes_per_element=mine.pair_bytes / max(1, mine.elements),
                                    header_bytes=mine.header_bytes, latency_rounds=world - 1)
-        self._controller.observe(compute_seconds=slowest,
-                                 comm_seconds=max(0.0, period - slowest), link_bytes=link)
+        self._controller.observe_ranks([r[1:] for r in reports])
         self.density = self._controller.density
 
     def residual(self, parameter):
@@ -369,7 +361,9 @@ def compression_hook(state, bucket):
         raise RuntimeError(f"stellatrain: bucket {bucket.index()}: message of {nbytes} bytes "
                            f"exceeds its bound {bound}")
     out = torch.empty(_PREFIX.size + bound, dtype=torch.uint8)
-    report = state._report[:4] if times is not None and state._report else (-1, 0.0, 0.0, 0)
+    r = state._report if times is not None else None
+    report = (-1, 0.0, 0.0, 0) if r is None else (
+        r.step, r.compute, r.last_done - r.first_launch, r.link_bytes)
     out[:_PREFIX.size] = torch.frombuffer(bytearray(_PREFIX.pack(nbytes, *report)),
                                           dtype=torch.uint8)
     state._codec.write(out.data_ptr() + _PREFIX.size, bound)
