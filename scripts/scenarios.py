@@ -15,11 +15,19 @@ fluctuating: the uplinks change 500 -> 50 -> 200 Mbit/s during training; the ada
 Writes <out>/<scenario>/<run>/{summary.json,curve.csv,curve.png} and <out>/<scenario>.json;
 prints the table.
 
-  scripts/scenarios.py heterogeneous|fluctuating --trainer PATH [--out DIR] [-- trainer options]
+  scripts/scenarios.py heterogeneous|fluctuating --trainer PATH [--out DIR] [--seeds 1,2,3]
+                       [-- trainer options]
   scripts/scenarios.py heterogeneous|fluctuating --list-variants   (what bench/wan/run.sh runs)
 
 Trainer options after -- go to every run, in place of the scenario's own where they name the
 same option (-- --epochs 0.3 for a quick look).
+
+--seeds runs the whole scenario once per seed of the trainer (its initial parameters and data
+order), into <out>/<scenario>/seed-<seed>/<run>, prints each seed's table and then the medians
+over the seeds, from which the scenario's ratios are taken. Near its end a run's test accuracy
+moves by about a point from one evaluation to the next, so the step at which one run crosses
+the target is a noisy draw; a single run per configuration compares draws, the medians compare
+configurations.
 """
 import argparse
 import json
@@ -201,11 +209,91 @@ def fluctuating(trainer, out, extra):
     return result
 
 
+def median_or_none(values):
+    """The median, a missing value (a target not reached) counting as the slowest."""
+    m = statistics.median([v if v is not None else float("inf") for v in values])
+    return None if m == float("inf") else m
+
+
+def over_seeds_heterogeneous(results):
+    rows = []
+    for i, first in enumerate(results[0]["rows"]):
+        runs = [r["rows"][i] for r in results]
+        rows.append({"split": first["split"],
+                     "time_to_target_s": median_or_none([r["time_to_target_s"] for r in runs]),
+                     "step_over_ideal": statistics.median(r["step_over_ideal"] for r in runs),
+                     "final_accuracy": statistics.median(r["final_accuracy"] for r in runs)})
+    speedups = [r["time_to_target_speedup"] for r in results]
+    eq, ho = rows
+    print("\nmedians over the seeds:\n")
+    print("| split | time to target | step / ideal | final acc |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['split']} | {fmt_time(r['time_to_target_s'])} | "
+              f"{r['step_over_ideal']:.3f} | {r['final_accuracy'] * 100:.2f}% |")
+    out = {"rows": rows, "per_seed_speedup": speedups}
+    if eq["time_to_target_s"] and ho["time_to_target_s"]:
+        out["time_to_target_speedup"] = eq["time_to_target_s"] / ho["time_to_target_s"]
+        print(f"\ntime to target, equal / holistic, of the medians: "
+              f"{out['time_to_target_speedup']:.2f}x (per seed: "
+              + ", ".join("-" if x is None else f"{x:.2f}x" for x in speedups) + ")")
+    return out
+
+
+def over_seeds_fluctuating(results):
+    rows = []
+    for i, first in enumerate(results[0]["rows"]):
+        runs = [r["rows"][i] for r in results]
+        rows.append({"run": first["run"],
+                     "times_s": [r["time_to_target_s"] for r in runs],
+                     "time_to_target_s": median_or_none([r["time_to_target_s"] for r in runs]),
+                     "steps_to_target": median_or_none([r["steps_to_target"] for r in runs]),
+                     "final_accuracy": statistics.median(r["final_accuracy"] for r in runs),
+                     "most_steps_to_steady": max(
+                         (p.get("steps_to_steady") for r in runs for p in r["phases"]
+                          if p.get("steps_to_steady") is not None), default=None)})
+    print("\nmedians over the seeds (a run that misses the target counts as the slowest):\n")
+    print("| run | time to target: median (each seed) | steps | final acc | most steps to "
+          "steady |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        each = ", ".join("-" if t is None else f"{t:.2f}" for t in r["times_s"])
+        steps = "-" if r["steps_to_target"] is None else f"{r['steps_to_target']:g}"
+        print(f"| {r['run']} | {fmt_time(r['time_to_target_s'])} ({each}) | {steps} | "
+              f"{r['final_accuracy'] * 100:.2f}% | {r['most_steps_to_steady']} |")
+    fixed = rows[1:]
+    reached = [r for r in fixed if r["time_to_target_s"] is not None]
+    out = {"rows": rows,
+           "per_seed_adaptive_over_best": [r.get("adaptive_over_best") for r in results],
+           "per_seed_median_over_adaptive": [r.get("median_over_adaptive") for r in results]}
+    adaptive = rows[0]["time_to_target_s"]
+    if reached and adaptive is not None:
+        best = min(reached, key=lambda r: r["time_to_target_s"])
+        median = statistics.median(
+            [r["time_to_target_s"] if r["time_to_target_s"] is not None else float("inf")
+             for r in fixed])
+        out.update({"best_fixed": best["run"], "best_fixed_s": best["time_to_target_s"],
+                    "median_fixed_s": median,
+                    "adaptive_over_best": adaptive / best["time_to_target_s"],
+                    "median_over_adaptive": median / adaptive})
+        print(f"\nof the medians: adaptive / best fixed ({best['run']}): "
+              f"{out['adaptive_over_best']:.2f}x; median fixed / adaptive: "
+              f"{out['median_over_adaptive']:.2f}x")
+        print("per seed, against that seed's best and median fixed: "
+              + ", ".join(f"{a:.2f}x / {m:.2f}x" for a, m in
+                          zip(out["per_seed_adaptive_over_best"],
+                              out["per_seed_median_over_adaptive"]) if a and m))
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scenario", choices=["heterogeneous", "fluctuating"])
     parser.add_argument("--trainer", help="the train_fashion_mnist executable")
     parser.add_argument("--out", default="out/scenarios", help="folder of the runs' outputs")
+    parser.add_argument("--seeds", default="",
+                        help="comma-separated trainer seeds: the scenario once per seed, then "
+                             "the medians over them (default: one run, the trainer's seed)")
     parser.add_argument("--list-variants", action="store_true",
                         help="print each run as NAME|OPTIONS (the network aside) and exit")
     argv = sys.argv[1:]
@@ -217,10 +305,28 @@ def main():
         return
     if not args.trainer:
         parser.error("--trainer is required")
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else []
+    except ValueError:
+        parser.error(f"--seeds: '{args.seeds}' is not a comma-separated list of integers")
+    if any(x < 0 for x in seeds) or len(set(seeds)) != len(seeds):
+        parser.error(f"--seeds: '{args.seeds}' holds a negative or repeated seed")
+    if seeds and any(a.split("=")[0] == "--seed" for a in extra):
+        parser.error("--seeds and a trainer --seed after -- exclude each other")
     out = Path(args.out) / args.scenario
     out.mkdir(parents=True, exist_ok=True)
     run = heterogeneous if args.scenario == "heterogeneous" else fluctuating
-    result = run(args.trainer, out, extra)
+    if len(seeds) <= 1:
+        result = run(args.trainer, out, extra + (["--seed", str(seeds[0])] if seeds else []))
+    else:
+        per_seed = []
+        for seed in seeds:
+            print(f"\n==== seed {seed}", flush=True)
+            per_seed.append(run(args.trainer, out / f"seed-{seed}",
+                                extra + ["--seed", str(seed)]))
+        combine = (over_seeds_heterogeneous if args.scenario == "heterogeneous"
+                   else over_seeds_fluctuating)
+        result = {"seeds": seeds, "per_seed": per_seed, "over_seeds": combine(per_seed)}
     (Path(args.out) / f"{args.scenario}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {Path(args.out) / (args.scenario + '.json')}")
 
