@@ -19,6 +19,7 @@
 #include <stellatrain/transport/allreduce.hpp>
 #include <stellatrain/transport/barrier.hpp>
 #include <stellatrain/transport/group.hpp>
+#include <stellatrain/transport/latency_probe.hpp>
 #include <stellatrain/transport/metering.hpp>
 #include <stellatrain/transport/rate_schedule.hpp>
 #include <stellatrain/transport/shaping.hpp>
@@ -432,7 +433,11 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
   // Another start on every rank: the pipeline broadcasts rank 0's values.
   fm::mlp net = make_model(s, params, s.seed + static_cast<std::uint64_t>(r));
   st::thread_pool pool{1};
-  const double latency_s = s.rtt_ms / 2000.0;
+  // The controller charges each exchange its latency: known where the library shapes the
+  // links, else measured (the emulated or real network is the link).
+  const double latency_s =
+      s.shaped() ? s.rtt_ms / 2000.0
+                 : st::measure_latency(t, {.tag = 8, .timeout = std::chrono::minutes(10)});
   using compressor = st::error_feedback_compressor<st::threshold_selector<>, st::bf16>;
   using pipeline = st::pipeline<compressor, group_link, st::adam_optimizer, st::thread_pool>;
   // In one process every rank's shaped link carries its P-1 copies at the link rate whatever

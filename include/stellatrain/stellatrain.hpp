@@ -57,6 +57,7 @@
 #include <stellatrain/transport/concept.hpp>
 #include <stellatrain/transport/group.hpp>
 #include <stellatrain/transport/in_process.hpp>
+#include <stellatrain/transport/latency_probe.hpp>
 #include <stellatrain/transport/message_buffer.hpp>
 #include <stellatrain/transport/metering.hpp>
 #include <stellatrain/transport/rate_schedule.hpp>

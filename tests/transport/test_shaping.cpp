@@ -115,6 +115,36 @@ TEST_CASE("shaping: latency delays every message, and links keep their order",
   });
 }
 
+TEST_CASE("latency probe: the shaped one-way delay, the same value on every rank",
+          "[transport][shaping]") {
+  // Every rank sends with a delay of 20 ms, rank 3 with 30: the probe gives half the slowest
+  // round trip from rank 0.
+  std::vector<double> measured(4, -1.0);
+  run_in_process(4, [&](in_process_transport& raw) {
+    const auto delay = raw.rank() == 3 ? 30ms : 20ms;
+    shaped_transport t(std::move(raw), {.bits_per_second = 0, .latency = delay});
+    measured[static_cast<std::size_t>(t.rank())] = measure_latency(t, {.round_trips = 3, .tag = 5});
+  });
+  CAPTURE(measured);
+  for (double m : measured) CHECK(m == measured[0]);
+  // Rank 0 -> 3 takes 20 ms, 3 -> 0 takes 30 ms: a round trip of 50 ms, half of it 25.
+  CHECK(measured[0] >= 0.025);
+  CHECK(measured[0] < 0.040);  // a CPU-starved machine may add to it, never take away
+  // One rank: nothing to measure; a probe count below 1 is an error on every rank.
+  double alone = -1;
+  run_in_process(1, [&](in_process_transport& t) { alone = measure_latency(t); });
+  CHECK(alone == 0.0);
+  std::vector<errc> refused(2, errc{});
+  run_in_process(2, [&](in_process_transport& t) {
+    try {
+      (void)measure_latency(t, {.round_trips = 0});
+    } catch (const error& e) {
+      refused[static_cast<std::size_t>(t.rank())] = static_cast<errc>(e.code().value());
+    }
+  });
+  CHECK(refused == std::vector<errc>(2, errc::invalid_argument));
+}
+
 TEST_CASE("shaping: per-rank bucket is shared by destinations, per-peer is not",
           "[transport][shaping]") {
   // Rank 0 sends 1 MiB to each of ranks 1 and 2 at 50 Mbit/s: ~0.34 s when the bucket is
