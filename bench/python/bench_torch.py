@@ -6,7 +6,9 @@ baselines measured in the same run (medians of interleaved repetitions):
   hook      the communication hook's own work for one bucket of 25M fp32 at density 1% on one
             thread (error feedback + exact top-k + packing, then unpacking and averaging the
             messages of 4 ranks), against a streaming read of the bucket (a SIMD sum) and
-            against the same steps written with torch.topk / index_add_
+            against the same steps written with torch.topk / index_add_; also against the
+            least traffic such a hook has (r += g and the dense output zeroed, in one pass:
+            two arrays read, two written), reported without a target
   adam      stellatrain.torch.optim.Adam step on 25M parameters against torch.optim.Adam (the
             faster of foreach False / True), 1 and 2 threads
 
@@ -90,7 +92,12 @@ def hook_cases(n, world, density):
     def read():
         _native.stream_read(grads[0].data_ptr(), n)
 
-    return {"read": read, "hook": hook, "torch_hook": torch_hook}
+    floor_residual = torch.zeros(n)
+
+    def floor():
+        _native.feedback_floor(grads[0].data_ptr(), floor_residual.data_ptr(), out.data_ptr(), n)
+
+    return {"read": read, "hook": hook, "floor": floor, "torch_hook": torch_hook}
 
 
 def adam_cases(n, threads):
@@ -121,6 +128,9 @@ def main():
 
     def row(name, value, op, bound, note):
         nonlocal failed
+        if op is None:  # a reference figure, no target
+            rows.append((name, f"{value:.2f}", "-", "-", note))
+            return
         ok = value <= bound if op == "<=" else value >= bound
         failed += 0 if ok else 1
         rows.append((name, f"{value:.2f}", f"{op} {bound}", "ok" if ok else "FAIL", note))
@@ -128,10 +138,13 @@ def main():
     cases = hook_cases(args.n, 4, 0.01)
     # The torch form allocates and frees 100s of MB a call: timed apart from the read, which
     # it would otherwise disturb.
-    t = medians({"read": cases["read"], "hook": cases["hook"]}, args.reps * 3)
+    t = medians({k: cases[k] for k in ("read", "hook", "floor")}, args.reps * 3)
     t["torch_hook"] = medians({"torch_hook": cases["torch_hook"]}, args.reps)["torch_hook"]
     row("hook / streaming read", t["hook"] / t["read"], "<=", 3.0,
         f"{t['hook'] * 1e3:.1f} ms vs {t['read'] * 1e3:.1f} ms")
+    row("traffic floor / streaming read", t["floor"] / t["read"], None, None,
+        f"{t['floor'] * 1e3:.1f} ms: r += g, out = 0")
+    row("hook / traffic floor", t["hook"] / t["floor"], None, None, "")
     row("torch.topk hook / hook", t["torch_hook"] / t["hook"], ">=", 20.0,
         f"{t['torch_hook'] * 1e3:.1f} ms vs {t['hook'] * 1e3:.1f} ms")
     for threads in (1, 2):
