@@ -1471,7 +1471,10 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     auto clusters_of = [&](int r) {
       const auto& v = views[static_cast<std::size_t>(r)];
       std::string text;
-      for (std::size_t i = 3; i < v.size(); ++i) text += (i > 3 ? "," : "") + std::to_string(v[i]);
+      for (std::size_t i = 3; i < v.size(); ++i) {
+        if (i > 3) text += ',';  // not `"," + std::to_string(...)`: GCC 12 -O3 -Wrestrict
+        text += std::to_string(v[i]);
+      }
       return text;
     };
     auto fail_with = [&](int r, const std::string& what) {
