@@ -98,9 +98,10 @@ struct density_controller_options {
   double latency_bound_share = 0.5;
   /// One-way link latency in seconds if known (`measure_latency`, transport/latency_probe.hpp,
   /// measures it with round trips of tiny messages before training). 0: estimated, from
-  /// measurements that carry the link's throughput, else by fitting comm = rounds * latency + bytes
-  /// / bandwidth to the last `latency_fit_window` steps once their bytes differ enough to tell the
-  /// two apart (until then latency counts as transfer time).
+  /// measurements that carry the link's throughput, else by fitting
+  /// comm = rounds * latency + bytes / bandwidth to the last `latency_fit_window` steps once
+  /// their bytes differ enough to tell the two apart (until then latency counts as transfer
+  /// time).
   double latency_seconds = 0;
   /// While the exchange finishes below `probe_below * target` for `probe_after` steps in a
   /// row, the bandwidth estimate is raised by `probe_factor` (the estimate can only be
