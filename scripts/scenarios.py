@@ -88,6 +88,11 @@ def train(trainer, out, name, args, extra):
     return summary["modes"]["stellatrain"]
 
 
+def median_slowest(values):
+    """The median, a missing value (a target not reached) counting as the slowest (inf)."""
+    return statistics.median([v if v is not None else float("inf") for v in values])
+
+
 def fmt_time(t):
     return "not reached" if t is None else f"{t:.2f} s"
 
@@ -185,7 +190,7 @@ def fluctuating(trainer, out, extra):
     reached = [t for t in fixed if t is not None]
     best = min(reached) if reached else None
     # A fixed density that never reaches the target counts as slower than every one that does.
-    median = statistics.median([t if t is not None else float("inf") for t in fixed])
+    median = median_slowest(fixed)
     adaptive = rows[0]["time_to_target_s"]
     print(f"\nfluctuating: 4 ranks, uplinks 500 Mbit/s, then {PHASES} (seconds:Mbit/s of "
           f"training time)\n")
@@ -210,8 +215,8 @@ def fluctuating(trainer, out, extra):
 
 
 def median_or_none(values):
-    """The median, a missing value (a target not reached) counting as the slowest."""
-    m = statistics.median([v if v is not None else float("inf") for v in values])
+    """median_slowest, None where that is a missing value."""
+    m = median_slowest(values)
     return None if m == float("inf") else m
 
 
@@ -269,9 +274,7 @@ def over_seeds_fluctuating(results):
     adaptive = rows[0]["time_to_target_s"]
     if reached and adaptive is not None:
         best = min(reached, key=lambda r: r["time_to_target_s"])
-        median = statistics.median(
-            [r["time_to_target_s"] if r["time_to_target_s"] is not None else float("inf")
-             for r in fixed])
+        median = median_slowest([r["time_to_target_s"] for r in fixed])
         out.update({"best_fixed": best["run"], "best_fixed_s": best["time_to_target_s"],
                     "median_fixed_s": median,
                     "adaptive_over_best": adaptive / best["time_to_target_s"],

@@ -137,14 +137,13 @@ namespace detail {
 // step exposes beyond its slowest compute (with staleness 0), and with staleness 1 the time
 // from the slowest rank's hand-over to the last arrival when the ranks start together (a
 // skew of starts adds to it, which makes the controller err on the side of less traffic).
-// Every rank therefore sends its view of its last completed steps with each message, and
-// every rank observes, in step order, the same aggregate once all ranks' reports of a step
-// are in: that exchange time (at least 0), the mean link bytes, bytes per element and
-// latency rounds, and the slowest rank's compute time.
-// The combination of one step's reports, one per rank, that every rank observes (see
-// step_report_book): the mean over the ranks of (exchange + compute) less the slowest compute
-// (at least 0), the slowest compute, and the means of link bytes, bytes per element and
-// latency rounds. Add every rank's report, then take `result`.
+// Every rank therefore sends its view of its last completed steps with each message
+// (step_report_book), and every rank observes, in step order, the same aggregate once all
+// ranks' reports of a step are in (report_aggregate).
+
+// The combination of one step's reports, one per rank: the mean over the ranks of (exchange +
+// compute) less the slowest compute (at least 0), the slowest compute, and the means of link
+// bytes, bytes per element and latency rounds. Add every rank's report, then take `result`.
 class report_aggregate {
  public:
   void add(const rank_report& r) noexcept {
@@ -169,6 +168,7 @@ class report_aggregate {
   double compute_ = 0, spans_ = 0, bytes_ = 0, per_element_ = 0, rounds_ = 0, n_ = 0;
 };
 
+// This rank's reports to send, and the reports of every rank until a step's are complete.
 class step_report_book {
  public:
   // Latest own reports sent per message.
