@@ -9,7 +9,7 @@
 //                                    in host memory) up to date with the changed elements
 //                                    (`record_updates` + `copy_changes`, then the scatter)
 //                                    and hands over the gradients zero-copy (`gradient_buffer`
-//                                    + `push_gradient(t)`). copy:1: it copies whole tensors
+//                                    + `push_gradient_buffer(t)`). copy:1: it copies whole tensors
 //                                    both ways (`copy_params` in fp32, `push_gradient(t, g)`).
 //                                    Counters (rank 0, steady state = steps 10..39):
 //     step_s        mean wall time per step
@@ -36,6 +36,7 @@
 #include <stellatrain/core/thread_pool.hpp>
 #include <stellatrain/optim/adam.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
+#include <stellatrain/pipeline/runtime_exchange.hpp>
 #include <stellatrain/transport/barrier.hpp>
 #include <stellatrain/transport/cluster_topology.hpp>
 #include <stellatrain/transport/in_process.hpp>
@@ -133,7 +134,7 @@ void BM_pipeline_step(benchmark::State& state) {
           // no CPU time); the gradient is the same every step, so each of the two buffers a
           // tensor alternates between is written once, in the first two steps.
           if (s < 2) std::ranges::copy(g, p.gradient_buffer(i).begin());
-          p.push_gradient(i);
+          p.push_gradient_buffer(i);
         }
         const auto e = st::transport_clock::now();
         if (s >= warmup) {
@@ -208,18 +209,16 @@ cluster_run run_clusters(bool hierarchical) {
     link wan(std::move(wan_raw), {.bits_per_second = 0, .clusters = links});
     st::thread_pool pool{1};
     using compressor = st::error_feedback_compressor<st::threshold_selector<>, st::bf16>;
-    using pipeline =
-        st::pipeline<compressor, link, st::adam_optimizer, st::thread_pool, st::fixed_density>;
+    using exchange = st::runtime_exchange<link, compressor>;
+    using pipeline = st::pipeline<exchange, st::thread_pool, st::adam_optimizer, st::fixed_density>;
     const st::pipeline_options options{.bucket_bytes = n_elements * sizeof(float) * 5,
                                        .staleness = 0,
                                        .exchange_threads = 2,
                                        .algorithm = st::allgather_algorithm::direct};
-    auto p = hierarchical ? std::make_unique<pipeline>(
-                                st::hierarchical_links<link>{lan, wan, topo}, pool, compressor(),
-                                st::adam_optimizer({.lr = 1e-3f}), options, st::fixed_density{0.01})
-                          : std::make_unique<pipeline>(wan, pool, compressor(),
-                                                       st::adam_optimizer({.lr = 1e-3f}), options,
-                                                       st::fixed_density{0.01});
+    auto p = std::make_unique<pipeline>(
+        hierarchical ? exchange(st::hierarchical_links<link>{lan, wan, topo}, compressor())
+                     : exchange(wan, compressor()),
+        pool, st::adam_optimizer({.lr = 1e-3f}), options, st::fixed_density{0.01});
     std::vector<float> init(n_elements, 0.0f);
     for (std::size_t i = 0; i < n_tensors; ++i) p->add_tensor(static_cast<std::uint32_t>(i), init);
     p->start();

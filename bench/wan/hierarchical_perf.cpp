@@ -65,8 +65,8 @@ struct config {
 using metered_link = st::metered_transport<st::any_transport>;
 using group_link = st::group_transport<metered_link>;
 using compressor = st::error_feedback_compressor<st::threshold_selector<>, st::bf16>;
-using pipeline =
-    st::pipeline<compressor, group_link, st::adam_optimizer, st::thread_pool, st::fixed_density>;
+using pipeline = st::pipeline<st::hierarchical_exchange<group_link, compressor>, st::thread_pool,
+                              st::adam_optimizer, st::fixed_density>;
 
 // One message between clusters, as this rank's meter saw it (trivially copyable: gathered).
 struct wan_record {

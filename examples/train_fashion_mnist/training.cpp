@@ -14,6 +14,7 @@
 #include <stellatrain/optim/adam.hpp>
 #include <stellatrain/pipeline/batch_split_agreement.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
+#include <stellatrain/pipeline/runtime_exchange.hpp>
 #include <stellatrain/pipeline/split_sampler.hpp>
 #include <stellatrain/transport/allgather.hpp>
 #include <stellatrain/transport/allreduce.hpp>
@@ -439,7 +440,8 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
       s.shaped() ? s.rtt_ms / 2000.0
                  : st::measure_latency(t, {.tag = 8, .timeout = std::chrono::minutes(10)});
   using compressor = st::error_feedback_compressor<st::threshold_selector<>, st::bf16>;
-  using pipeline = st::pipeline<compressor, group_link, st::adam_optimizer, st::thread_pool>;
+  using exchange = st::runtime_exchange<group_link, compressor>;
+  using pipeline = st::pipeline<exchange, st::thread_pool, st::adam_optimizer>;
   // In one process every rank's shaped link carries its P-1 copies at the link rate whatever
   // the order: the direct all-gather pays the latency once. Over real TCP the automatic choice
   // (a ring for more than 2 ranks) keeps one flow per link.
@@ -448,9 +450,9 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
       : s.allgather == "ring"      ? st::allgather_algorithm::ring
       : s.transport == "inprocess" ? st::allgather_algorithm::direct
                                    : st::allgather_algorithm::automatic;
-  const auto make = [&](auto&& exchange_links) {
+  const auto make = [&](exchange how) {
     return std::make_unique<pipeline>(
-        exchange_links, pool, compressor(), st::adam_optimizer({.lr = s.sparse_lr}),
+        std::move(how), pool, st::adam_optimizer({.lr = s.sparse_lr}),
         st::pipeline_options{.bucket_bytes = std::uint64_t{4} << 20,
                              .staleness = s.staleness,
                              .send_all_below = 4096,
@@ -464,7 +466,9 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
              .latency_seconds = latency_s}));
   };
   const std::unique_ptr<pipeline> owned =
-      hierarchical ? make(st::hierarchical_links<group_link>{lan, wan, topo}) : make(wan);
+      hierarchical
+          ? make(exchange(st::hierarchical_links<group_link>{lan, wan, topo}, compressor()))
+          : make(exchange(wan, compressor()));
   pipeline& p = *owned;
   for (const auto& tensor : net.tensors()) {
     p.add_tensor(tensor.id, std::span<const float>(params).subspan(tensor.offset, tensor.size));
@@ -501,7 +505,7 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
   for (std::uint64_t step = 0; step < steps; ++step) {
     fetch();
     // With staleness 1 the previous step may still be applied, at its own rate.
-    p.set_learning_rate(learning_rate(s, s.sparse_lr, step));
+    p.set_lr(learning_rate(s, s.sparse_lr, step));
     links.at(clock.seconds());
     batches.next(d.train, x, y);
     const auto c0 = std::chrono::steady_clock::now();

@@ -66,11 +66,13 @@
 #include <stellatrain/pipeline/batch_split.hpp>
 #include <stellatrain/pipeline/batch_split_agreement.hpp>
 #include <stellatrain/pipeline/bucket_plan.hpp>
-#include <stellatrain/pipeline/checkpoint.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
+#include <stellatrain/pipeline/exchange_strategy.hpp>
+#include <stellatrain/pipeline/flat_exchange.hpp>
 #include <stellatrain/pipeline/hierarchical_exchange.hpp>
-#include <stellatrain/pipeline/param_changes.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
+#include <stellatrain/pipeline/pipeline_options.hpp>
+#include <stellatrain/pipeline/runtime_exchange.hpp>
 #include <stellatrain/pipeline/split_sampler.hpp>
 #include <stellatrain/pipeline/step_reports.hpp>
-#include <stellatrain/pipeline/update_log.hpp>
+#include <stellatrain/pipeline/update_record.hpp>

@@ -66,7 +66,7 @@ void train(Pipeline& p, int rank, std::int64_t steps, std::vector<std::vector<fl
         const std::span<float> buffer = p.gradient_buffer(t);
         REQUIRE(buffer.size() == params[t].size());
         gradient(params[t], rank, step, t, buffer);
-        p.push_gradient(t);
+        p.push_gradient_buffer(t);
       } else {
         g.resize(params[t].size());
         gradient(params[t], rank, step, t, g);

@@ -222,7 +222,7 @@ std::vector<std::vector<float>> train_scheduled(Pipeline& p, int rank, std::int6
   std::vector<float> g;
   for (std::int64_t s = first; s < last; ++s) {
     for (std::size_t b = 0; b < p.bucket_count(); ++b) p.wait_for_forward(b);
-    if (s != first || rate_of_first) p.set_learning_rate(scheduled_rate(s));
+    if (s != first || rate_of_first) p.set_lr(scheduled_rate(s));
     for (std::size_t t = p.tensor_count(); t-- > 0;) {
       g.resize(sizes[t]);
       fixed_gradient(rank, s, t, g);
@@ -300,7 +300,7 @@ TEST_CASE("a checkpoint holds the rate set for the step after it", "[pipeline]")
     p.start();
     (void)train_scheduled(p, r, 0, 7, true, false);
     // The next step's rate, set while step 6 is likely still in flight: saved with the state.
-    p.set_learning_rate(scheduled_rate(7));
+    p.set_lr(scheduled_rate(7));
     saved[static_cast<std::size_t>(r)] = p.save_checkpoint();
     straight[static_cast<std::size_t>(r)] = train_scheduled(p, r, 7, 12, false);
   });
@@ -468,15 +468,15 @@ TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {
     std::vector<float> init(10, 1.0f);
     CHECK_THROWS_AS(p.push_gradient(0, init), error);  // not started
     CHECK_THROWS_AS((void)p.gradient_buffer(0), error);
-    CHECK_THROWS_AS(p.push_gradient(0), error);
+    CHECK_THROWS_AS(p.push_gradient_buffer(0), error);
     p.add_tensor(7, init);
     CHECK_THROWS_AS(p.add_tensor(7, init), error);  // duplicate id
     p.start();
     CHECK_THROWS_AS(p.add_tensor(8, init), error);  // after start
     std::vector<float> wrong(9);
     CHECK_THROWS_AS(p.push_gradient(0, wrong), error);
-    CHECK_THROWS_AS(p.set_learning_rate(-0.1f), error);
-    CHECK_THROWS_AS(p.set_learning_rate(std::nanf("")), error);
+    CHECK_THROWS_AS(p.set_lr(-0.1f), error);
+    CHECK_THROWS_AS(p.set_lr(std::nanf("")), error);
     p.push_gradient(0, init);
     p.flush();
     std::vector<float> out(10);
@@ -490,11 +490,11 @@ TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {
     p.add_tensor(7, std::vector<float>(10, 1.0f));
     p.start();
     CHECK_THROWS_AS((void)p.gradient_buffer(0), error);  // zero-copy needs one micro-batch
-    CHECK_THROWS_AS(p.push_gradient(0), error);
+    CHECK_THROWS_AS(p.push_gradient_buffer(0), error);
     p.push_gradient(0, std::vector<float>(10, 1.0f));
-    CHECK_THROWS_AS(p.set_learning_rate(0.5f), error);  // in the middle of a step
+    CHECK_THROWS_AS(p.set_lr(0.5f), error);  // in the middle of a step
     p.push_gradient(0, std::vector<float>(10, 1.0f));
-    p.set_learning_rate(0.5f);
+    p.set_lr(0.5f);
     p.flush();
   });
 }

@@ -1,23 +1,27 @@
 // SPDX-License-Identifier: Apache-2.0
 // The update record of a pipeline that keeps its updates (`record_updates<T>`): per tensor,
-// the elements its last two applied steps changed and their new values, and the merge that
-// answers `pipeline::copy_changes` from them.
+// the elements its last two applied steps changed and their new values, the optimizer step
+// that records them, and the merge that answers `pipeline::copy_changes` from them.
 #pragma once
 
 #include <stellatrain/config.hpp>
-#include <stellatrain/pipeline/param_changes.hpp>
+#include <stellatrain/core/float16.hpp>
+#include <stellatrain/core/sparse.hpp>
+#include <stellatrain/optim/optimizer_types.hpp>
+#include <stellatrain/pipeline/update_record.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace stellatrain::detail {
 
 // One applied update of a tensor.
 template <class Index, class T>
-struct update_log {
+struct recorded_update {
   std::int64_t step = param_version::nothing;
   bool whole = true;           // it may have changed every element
   std::vector<Index> indices;  // else: the elements it changed, sorted
@@ -26,19 +30,40 @@ struct update_log {
 
 // The last two applied updates of one tensor, by step mod 2.
 template <class Index, class T>
-class update_history {
+class update_record {
  public:
   // The log that the update of `step` fills; it counts as unknown until `finish`.
-  update_log<Index, T>& begin(std::int64_t step) {
-    update_log<Index, T>& log = logs_[slot(step)];
+  recorded_update<Index, T>& begin(std::int64_t step) {
+    recorded_update<Index, T>& log = logs_[slot(step)];
     log.step = param_version::nothing;
     return log;
   }
 
   void finish(std::int64_t step, bool whole) {
-    update_log<Index, T>& log = logs_[slot(step)];
+    recorded_update<Index, T>& log = logs_[slot(step)];
     log.whole = whole;
     log.step = step;
+  }
+
+  // The sparse optimizer step `g` of the optimizer's tensor `index` at `step`, recorded: the
+  // new values come from the optimizer's own pass where it writes an upload copy
+  // (`param_copy`), else from its parameters after the step.
+  template <class Optimizer, class Executor>
+  void step(Optimizer& optimizer, std::size_t index, std::int64_t step,
+            const sparse_view<const float, const Index>& g, Executor& ex) {
+    auto& log = begin(step);
+    log.indices.assign(g.indices().begin(), g.indices().end());
+    std::vector<T>& values = log.values;
+    values.resize(g.size());
+    if constexpr (requires { optimizer.step(index, g, ex, param_copy<T>{}); }) {
+      optimizer.step(index, g, ex, param_copy<T>{.values = std::span<T>(values)});
+    } else {
+      optimizer.step(index, g, ex);
+      const auto p = std::as_const(optimizer).params(index);
+      for (std::size_t j = 0; j < values.size(); ++j)
+        values[j] = from_float<T>(p[static_cast<std::size_t>(log.indices[j])]);
+    }
+    finish(step, /*whole=*/false);
   }
 
   // Forgets both updates (a restore starts a new history).
@@ -57,7 +82,7 @@ class update_history {
         now.step - held.step > 2) {
       return whole;
     }
-    const update_log<Index, T>& last = logs_[slot(now.step)];
+    const recorded_update<Index, T>& last = logs_[slot(now.step)];
     if (last.step != now.step || last.whole) return whole;
     if (now.step - held.step == 1) {
       whole.count = last.indices.size();
@@ -66,7 +91,7 @@ class update_history {
       std::ranges::copy(last.values, values.begin());
       return {.kind = param_changes_kind::sparse, .count = last.indices.size(), .version = now};
     }
-    const update_log<Index, T>& before = logs_[slot(now.step - 1)];
+    const recorded_update<Index, T>& before = logs_[slot(now.step - 1)];
     if (before.step != now.step - 1 || before.whole) return whole;
     const std::size_t na = before.indices.size(), nb = last.indices.size();
     const std::size_t room = std::min(indices.size(), values.size());
@@ -95,7 +120,7 @@ class update_history {
  private:
   static std::size_t slot(std::int64_t step) noexcept { return static_cast<std::size_t>(step % 2); }
 
-  update_log<Index, T> logs_[2];
+  recorded_update<Index, T> logs_[2];
 };
 
 }  // namespace stellatrain::detail

@@ -8,6 +8,7 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/saved_state.hpp>
+#include <stellatrain/pipeline/detail/tensor_table.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -20,18 +21,15 @@ namespace stellatrain::detail {
 
 inline constexpr state_kind pipeline_checkpoint_kind = state_kind::of("STELLPIP", 2);
 
-// A tensor as the checkpoint names it.
-struct checkpoint_tensor {
-  std::uint32_t id = 0;
-  std::uint64_t size = 0;
-};
-
-template <class Policy>
+// The checkpoint of a pipeline after `steps` steps.
+template <class Policy, class Compressor, class Optimizer>
 std::vector<std::byte> write_pipeline_checkpoint(std::uint64_t steps,
-                                                 std::span<const checkpoint_tensor> tensors,
-                                                 const Policy& policy,
-                                                 std::span<const std::byte> compressor,
-                                                 std::span<const std::byte> optimizer) {
+                                                 std::span<const tensor_shape> tensors,
+                                                 const Policy& policy, const Compressor& c,
+                                                 const Optimizer& o) {
+  const std::vector<std::byte> compressor = c.save_state();
+  std::vector<std::byte> optimizer(static_cast<std::size_t>(o.state_size_bytes()));
+  o.save_state(std::span<std::byte>(optimizer));
   return save_state_bytes(pipeline_checkpoint_kind, [&](state_writer& w) {
     w.record("PIPE", [&](state_record_writer& r) {
       r.put(steps);
@@ -64,7 +62,7 @@ struct pipeline_checkpoint {
 // configuration) before anything outside the result changed.
 template <class Policy>
 pipeline_checkpoint<Policy> read_pipeline_checkpoint(std::span<const std::byte> blob,
-                                                     std::span<const checkpoint_tensor> tensors,
+                                                     std::span<const tensor_shape> tensors,
                                                      const Policy& current) {
   constexpr const char* who = "pipeline checkpoint";
   state_reader rd(blob, pipeline_checkpoint_kind, who);
@@ -100,6 +98,22 @@ pipeline_checkpoint<Policy> read_pipeline_checkpoint(std::span<const std::byte> 
   out.optimizer = o_record.get_bytes(o_record.remaining());
   rd.finish();
   return out;
+}
+
+// Loads the compressor's and the optimizer's states of `saved`. Each checks its state before
+// it changes anything, and the compressor's earlier state is put back when the optimizer
+// refuses its own: both change, or neither.
+template <class Policy, class Compressor, class Optimizer, class Executor>
+void restore_states(const pipeline_checkpoint<Policy>& saved, Compressor& c, Optimizer& o,
+                    Executor& ex) {
+  const auto compressor_before = c.save_state();
+  c.load_state(ex, saved.compressor);
+  try {
+    o.load_state(saved.optimizer);
+  } catch (...) {
+    c.load_state(ex, compressor_before);
+    throw;
+  }
 }
 
 }  // namespace stellatrain::detail
