@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-# cmake -DINCLUDE_ROOT=<dir> -DLAYERS_FILE=<README.md> -P check_layers.cmake
+# cmake -DINCLUDE_ROOT=<dir> -DLAYERS_FILE=<docs/design.md> -P check_layers.cmake
 # Fails when a header includes a stellatrain header that is not of its own part or of a lower
-# layer, or when a .hpp includes a .cuh. The layers are read from the line of LAYERS_FILE that
-# starts with "layers:", for example
+# layer, or when a .hpp includes a .cuh. The layers are read from the one line of LAYERS_FILE
+# that starts with "layers:", for example
 #   layers: config.hpp < core < select pack optim transport < compress < pipeline < stellatrain.hpp
 # (lowest first; the parts of one layer must not include each other). A part is the first path
 # element below stellatrain/ (its detail/ folder belongs to it), or the file name of a header
