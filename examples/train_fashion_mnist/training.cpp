@@ -9,13 +9,13 @@
 
 #include "mlp.hpp"
 
+#include <stellatrain/batch/batch_split_agreement.hpp>
+#include <stellatrain/batch/split_sampler.hpp>
 #include <stellatrain/compress/error_feedback.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 #include <stellatrain/optim/adam.hpp>
-#include <stellatrain/pipeline/batch_split_agreement.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
 #include <stellatrain/pipeline/runtime_exchange.hpp>
-#include <stellatrain/pipeline/split_sampler.hpp>
 #include <stellatrain/transport/allgather.hpp>
 #include <stellatrain/transport/allreduce.hpp>
 #include <stellatrain/transport/barrier.hpp>

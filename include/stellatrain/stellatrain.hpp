@@ -63,8 +63,10 @@
 #include <stellatrain/transport/rate_schedule.hpp>
 #include <stellatrain/transport/shaping.hpp>
 
-#include <stellatrain/pipeline/batch_split.hpp>
-#include <stellatrain/pipeline/batch_split_agreement.hpp>
+#include <stellatrain/batch/batch_split.hpp>
+#include <stellatrain/batch/batch_split_agreement.hpp>
+#include <stellatrain/batch/split_sampler.hpp>
+
 #include <stellatrain/pipeline/bucket_plan.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
 #include <stellatrain/pipeline/exchange_strategy.hpp>
@@ -73,6 +75,5 @@
 #include <stellatrain/pipeline/pipeline.hpp>
 #include <stellatrain/pipeline/pipeline_options.hpp>
 #include <stellatrain/pipeline/runtime_exchange.hpp>
-#include <stellatrain/pipeline/split_sampler.hpp>
 #include <stellatrain/pipeline/step_reports.hpp>
 #include <stellatrain/pipeline/update_record.hpp>

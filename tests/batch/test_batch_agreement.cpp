@@ -2,8 +2,8 @@
 // The batch split that ranks of different speeds agree on (4 in-process ranks): the same split
 // on every rank from the same step, weighted averaging equal to the global batch's gradient,
 // bad measurements and bad messages, and the sampler that follows the split.
-#include <stellatrain/pipeline/batch_split_agreement.hpp>
-#include <stellatrain/pipeline/split_sampler.hpp>
+#include <stellatrain/batch/batch_split_agreement.hpp>
+#include <stellatrain/batch/split_sampler.hpp>
 #include <stellatrain/transport/allgather.hpp>
 #include <stellatrain/transport/allreduce.hpp>
 #include <stellatrain/transport/in_process.hpp>

@@ -4,10 +4,10 @@
 // the same models to the same samples and so computes the same split (batch_split.hpp).
 #pragma once
 
+#include <stellatrain/batch/batch_split.hpp>
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/pack/wire_format.hpp>
-#include <stellatrain/pipeline/batch_split.hpp>
 #include <stellatrain/transport/allgather.hpp>
 #include <stellatrain/transport/collective_options.hpp>
 #include <stellatrain/transport/concept.hpp>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include <stellatrain/pipeline/batch_split.hpp>
+#include <stellatrain/batch/batch_split.hpp>
 
 #include <catch2/catch.hpp>
 
