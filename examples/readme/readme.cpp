@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The README's code blocks that no other example holds, each between two lines "// [name]" (the
-// test docs.readme_snippets fails when a block differs from its region). The code around a
-// region declares what its block takes as given; main runs every block and checks a little of
-// what it did.
+// The code blocks of the README and the guides (docs/guide/) that no other example holds, each
+// between two lines "// [name]" (the test docs.readme_snippets fails when a block differs from
+// its region). The code around a region declares what its block takes as given; main runs
+// every block and checks a little of what it did.
 // [include]
 #include <stellatrain/stellatrain.hpp>  // every CPU part; GPU parts: <stellatrain/cuda.cuh>
 // [include]
@@ -252,7 +252,7 @@ int main() {
           toy_model model;
           train_in_clusters(lan, wan, model, /*steps=*/5);
         });
-    std::printf("every README block ran (adamw: w[3] = %.6f)\n", static_cast<double>(w3));
+    std::printf("every documented block ran (adamw: w[3] = %.6f)\n", static_cast<double>(w3));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "readme: %s\n", e.what());
