@@ -45,8 +45,9 @@ import torch
 import torch.distributed as dist
 
 from .. import _native
+from . import _checks
 from ._checks import fp32_cpu_buffer
-from .kernels import _SELECTORS, _VALUES, _choice, _count, threads_handle
+from .kernels import _SELECTORS, _VALUES, threads_handle
 
 __all__ = ["CompressionState", "compression_hook"]
 
@@ -126,21 +127,14 @@ class CompressionState:
     def __init__(self, process_group=None, density=0.01, selector="exact", values="bf16",
                  start_iter=0, threads=1, seed=0, adaptive=False, min_density=1e-4,
                  max_density=0.1, exchange_ratio=0.95):
-        if isinstance(density, bool) or not isinstance(density, (int, float)) or \
-                not 0.0 < density <= 1.0:
-            raise ValueError(f"density must be in (0, 1], got {density!r}")
-        _choice(selector, "selector", _SELECTORS)
-        _choice(values, "values", _VALUES)
-        _count(start_iter, "start_iter")
-        for name, value in (("min_density", min_density), ("max_density", max_density)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                    not 0.0 < value <= 1.0:
-                raise ValueError(f"{name} must be in (0, 1], got {value!r}")
-        if min_density > max_density:
-            raise ValueError(f"min_density {min_density} exceeds max_density {max_density}")
-        if isinstance(exchange_ratio, bool) or not isinstance(exchange_ratio, (int, float)) or \
-                not 0.0 < exchange_ratio < math.inf:
-            raise ValueError(f"exchange_ratio must be finite and > 0, got {exchange_ratio!r}")
+        _checks.fraction(density, "density")
+        _checks.choice(selector, "selector", _SELECTORS)
+        _checks.choice(values, "values", _VALUES)
+        _checks.count(start_iter, "start_iter")
+        _checks.fraction(min_density, "min_density")
+        _checks.fraction(max_density, "max_density")
+        _checks.ordered(min_density, "min_density", max_density, "max_density")
+        _checks.positive_finite(exchange_ratio, "exchange_ratio")
         self.process_group = process_group
         self.adaptive = bool(adaptive)
         self._controller = None
@@ -300,19 +294,13 @@ class CompressionState:
         without them, saved by a fixed density, leaves the controller as it starts). The
         options stay this state's; a dict of another selector or value type raises
         ValueError."""
-        for key in ("iter", "selector", "values", "residuals"):
-            if key not in state_dict:
-                raise ValueError(f"load_state_dict: the dict has no {key!r} entry")
+        who = "load_state_dict"
+        _checks.entries(state_dict, ("iter", "selector", "values", "residuals"), who)
         for key in ("selector", "values"):
-            if state_dict[key] != getattr(self, key):
-                raise ValueError(f"load_state_dict: saved with {key}={state_dict[key]!r}, this "
-                                 f"state has {getattr(self, key)!r}")
+            _checks.same_option(state_dict[key], getattr(self, key), key, who)
         residuals = {}
         for number, r in state_dict["residuals"].items():
-            if not isinstance(r, torch.Tensor) or r.dtype != torch.float32 or r.dim() != 1:
-                raise ValueError(f"load_state_dict: residual {number} is not a 1-D float32 "
-                                 f"tensor")
-            residuals[int(number)] = r.clone()
+            residuals[int(number)] = _checks.flat_fp32(r, f"residual {number}", who).clone()
         if self._controller is not None and "controller" in state_dict:
             self._controller.load_state(state_dict["controller"])
             self.density = self._controller.density

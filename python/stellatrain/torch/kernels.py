@@ -16,7 +16,8 @@ one, raises an error that names the argument; nothing is copied or converted sil
 import torch
 
 from .. import _native
-from ._checks import cpu_buffer, fp32_cpu_buffer
+from . import _checks
+from ._checks import choice, count, cpu_buffer, fp32_cpu_buffer
 
 __all__ = ["select_topk", "pack", "unpack", "merge", "ErrorFeedback"]
 
@@ -27,23 +28,10 @@ _threads = {}
 
 def threads_handle(threads):
     """The native thread pool of `threads` threads (one per count, shared)."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+    _checks.threads(threads)
     if threads not in _threads:
         _threads[threads] = _native.Threads(threads)
     return _threads[threads]
-
-
-def _count(value, name, at_least=0):
-    if isinstance(value, bool) or not isinstance(value, int) or value < at_least:
-        raise ValueError(f"{name} must be an int >= {at_least}, got {value!r}")
-    return value
-
-
-def _choice(value, name, allowed):
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    return value
 
 
 def select_topk(x, k, *, threads=1):
@@ -51,7 +39,7 @@ def select_topk(x, k, *, threads=1):
     ascending, values float32). Ties go to the lower index; NaN ranks above infinities."""
     fp32_cpu_buffer(x, "x")
     n = x.numel()
-    k = min(_count(k, "k"), n)
+    k = min(count(k, "k"), n)
     indices = torch.empty(k, dtype=torch.int64)
     values = torch.empty(k, dtype=torch.float32)
     _native.select_topk(x.data_ptr(), n, k, indices.data_ptr(), values.data_ptr(),
@@ -63,13 +51,10 @@ def pack(indices, values, size, *, values_as="fp32", tensor_id=0, tag=0, threads
     """One wire message (uint8 tensor) holding the pairs of a tensor of `size` elements, values
     sent as fp32, fp16 or bf16 (rounded to nearest even). Indices must ascend strictly and lie
     below `size` (ValueError / IndexError otherwise)."""
-    cpu_buffer(indices, "indices", torch.int64)
-    fp32_cpu_buffer(values, "values")
-    if indices.numel() != values.numel():
-        raise ValueError(f"indices has {indices.numel()} elements, values {values.numel()}")
-    _choice(values_as, "values_as", _VALUES)
-    data = _native.pack(_count(tensor_id, "tensor_id"), _count(size, "size"), indices.data_ptr(),
-                        values.data_ptr(), indices.numel(), values_as, _count(tag, "tag"),
+    _checks.selection(indices, values)
+    choice(values_as, "values_as", _VALUES)
+    data = _native.pack(count(tensor_id, "tensor_id"), count(size, "size"), indices.data_ptr(),
+                        values.data_ptr(), indices.numel(), values_as, count(tag, "tag"),
                         threads_handle(threads))
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
@@ -80,11 +65,11 @@ def unpack(message, size, *, tensor_id=0, threads=1):
     message raises ValueError saying what and where."""
     cpu_buffer(message, "message", torch.uint8)
     u = _native.Unpacker(threads_handle(threads))
-    count = u.parse(_count(tensor_id, "tensor_id"), _count(size, "size"), message.data_ptr(),
+    pairs = u.parse(count(tensor_id, "tensor_id"), count(size, "size"), message.data_ptr(),
                     message.numel())
-    indices = torch.empty(count, dtype=torch.int64)
-    values = torch.empty(count, dtype=torch.float32)
-    u.decode_into(indices.data_ptr(), values.data_ptr(), count)
+    indices = torch.empty(pairs, dtype=torch.int64)
+    values = torch.empty(pairs, dtype=torch.float32)
+    u.decode_into(indices.data_ptr(), values.data_ptr(), pairs)
     return indices, values
 
 
@@ -94,14 +79,10 @@ def merge(selections, size, *, mean=True, threads=1):
     list order."""
     inputs = []
     for i, (idx, val) in enumerate(selections):
-        cpu_buffer(idx, f"selections[{i}] indices", torch.int64)
-        fp32_cpu_buffer(val, f"selections[{i}] values")
-        if idx.numel() != val.numel():
-            raise ValueError(f"selections[{i}]: {idx.numel()} indices, {val.numel()} values")
+        _checks.selection(idx, val, f"selections[{i}]")
         inputs.append((idx.data_ptr(), val.data_ptr(), idx.numel()))
-    if not inputs:
-        raise ValueError("selections is empty")
-    out = torch.empty(_count(size, "size"), dtype=torch.float32)
+    _checks.nonempty(inputs, "selections")
+    out = torch.empty(count(size, "size"), dtype=torch.float32)
     _native.merge_dense(inputs, size, out.data_ptr(), bool(mean), threads_handle(threads))
     return out
 
@@ -114,9 +95,9 @@ class ErrorFeedback:
     blocks) or 'random'."""
 
     def __init__(self, selector="exact", values="fp32", *, seed=0, threads=1):
-        _choice(selector, "selector", _SELECTORS)
-        _choice(values, "values", _VALUES)
-        self._codec = _native.Codec(selector, values, _count(seed, "seed"),
+        choice(selector, "selector", _SELECTORS)
+        choice(values, "values", _VALUES)
+        self._codec = _native.Codec(selector, values, count(seed, "seed"),
                                     threads_handle(threads))
         self._sizes = {}
 
@@ -125,12 +106,12 @@ class ErrorFeedback:
         calls must pass the same size): (indices int64, values float32 as sent)."""
         fp32_cpu_buffer(grad, "grad")
         n = grad.numel()
-        self._register(_count(tensor_id, "tensor_id"), n)
-        self._codec.compress(tensor_id, grad.data_ptr(), n, _count(k, "k"), 0)
-        count, _ = self._codec.last_selection()
-        indices = torch.empty(count, dtype=torch.int64)
-        values = torch.empty(count, dtype=torch.float32)
-        self._codec.selection_into(indices.data_ptr(), values.data_ptr(), count)
+        self._register(count(tensor_id, "tensor_id"), n)
+        self._codec.compress(tensor_id, grad.data_ptr(), n, count(k, "k"), 0)
+        pairs, _ = self._codec.last_selection()
+        indices = torch.empty(pairs, dtype=torch.int64)
+        values = torch.empty(pairs, dtype=torch.float32)
+        self._codec.selection_into(indices.data_ptr(), values.data_ptr(), pairs)
         return indices, values
 
     def residual(self, tensor_id):

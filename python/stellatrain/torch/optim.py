@@ -29,6 +29,7 @@ What differs from torch.optim:
 import torch
 
 from .. import _native
+from . import _checks
 from ._checks import fp32_cpu_buffer
 
 __all__ = ["Adam", "AdamW", "SGD"]
@@ -45,10 +46,8 @@ class _NativeOptimizer(torch.optim.Optimizer):
     def __init__(self, params, defaults, threads, nonfinite):
         if threads is None:
             threads = torch.get_num_threads()
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be an int >= 1, got {threads!r}")
-        if nonfinite not in _NONFINITE:
-            raise ValueError(f"nonfinite must be one of {_NONFINITE}, got {nonfinite!r}")
+        _checks.threads(threads)
+        _checks.choice(nonfinite, "nonfinite", _NONFINITE)
         self._threads = _native.Threads(threads)
         self._nonfinite = nonfinite
         self._groups = []  # (native optimizer, the fixed hyper-parameters it was made with)
@@ -95,10 +94,7 @@ class _NativeOptimizer(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 fp32_cpu_buffer(p, f"parameter {i} of group {g}")
-                grad = fp32_cpu_buffer(p.grad, f"the gradient of parameter {i} of group {g}")
-                if grad.shape != p.shape:
-                    raise ValueError(f"the gradient of parameter {i} of group {g} has shape "
-                                     f"{tuple(grad.shape)}, the parameter {tuple(p.shape)}")
+                grad = _checks.gradient_of(p, f"parameter {i} of group {g}")
                 native.step(i, p.data_ptr(), grad.data_ptr(), p.numel())
         return loss
 
@@ -114,9 +110,7 @@ class _NativeOptimizer(torch.optim.Optimizer):
         """Restores a dict from `state_dict()` of the same kind of optimizer over parameters of
         the same sizes. A dict from another optimizer, or a corrupted one, raises ValueError and
         changes nothing."""
-        if "stellatrain" not in state_dict:
-            raise ValueError("load_state_dict: the dict holds no 'stellatrain' entry (it was not "
-                             f"saved by a stellatrain optimizer: keys {sorted(state_dict)})")
+        _checks.optimizer_state(state_dict, "load_state_dict")
         blobs = state_dict["stellatrain"]
         if len(blobs) != len(self._groups):
             raise ValueError(f"load_state_dict: the dict has {len(blobs)} native states, this "
@@ -129,8 +123,7 @@ class _NativeOptimizer(torch.optim.Optimizer):
                              f"groups, this optimizer {len(self._groups)}")
         restored = []
         for g, ((native, _), blob) in enumerate(zip(self._groups, blobs)):
-            if not isinstance(blob, torch.Tensor) or blob.dtype != torch.uint8:
-                raise ValueError(f"load_state_dict: native state {g} is not a uint8 tensor")
+            _checks.byte_tensor(blob, f"native state {g}", "load_state_dict")
             # The saved hyper-parameters replace this optimizer's (as torch.optim does), so
             # the native optimizer is made with them.
             group = dict(self.param_groups[g])
@@ -155,19 +148,6 @@ class _NativeOptimizer(torch.optim.Optimizer):
         return self._groups[group][0].step_count(index)
 
 
-def _float(value, name):
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {value!r}") from None
-
-
-def _betas(betas):
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
-    return _float(betas[0], "betas[0]"), _float(betas[1], "betas[1]")
-
-
 class Adam(_NativeOptimizer):
     """torch.optim.Adam's update (L2 weight decay added to the gradient) on native kernels.
 
@@ -185,11 +165,11 @@ class Adam(_NativeOptimizer):
         super().__init__(params, defaults, threads, nonfinite)
 
     def _make_native(self, group):
-        beta1, beta2 = _betas(group["betas"])
+        beta1, beta2 = _checks.betas(group["betas"])
         return _native.AdamGroup(
-            lr=_float(group["lr"], "lr"), beta1=beta1, beta2=beta2,
-            eps=_float(group["eps"], "eps"),
-            weight_decay=_float(group["weight_decay"], "weight_decay"),
+            lr=_checks.number(group["lr"], "lr"), beta1=beta1, beta2=beta2,
+            eps=_checks.number(group["eps"], "eps"),
+            weight_decay=_checks.number(group["weight_decay"], "weight_decay"),
             decoupled=self._decoupled, amsgrad=bool(group["amsgrad"]),
             maximize=bool(group["maximize"]), nonfinite=self._nonfinite, threads=self._threads)
 
@@ -227,9 +207,10 @@ class SGD(_NativeOptimizer):
 
     def _make_native(self, group):
         return _native.SGDGroup(
-            lr=_float(group["lr"], "lr"), momentum=_float(group["momentum"], "momentum"),
-            dampening=_float(group["dampening"], "dampening"),
-            weight_decay=_float(group["weight_decay"], "weight_decay"),
+            lr=_checks.number(group["lr"], "lr"),
+            momentum=_checks.number(group["momentum"], "momentum"),
+            dampening=_checks.number(group["dampening"], "dampening"),
+            weight_decay=_checks.number(group["weight_decay"], "weight_decay"),
             nesterov=bool(group["nesterov"]), maximize=bool(group["maximize"]),
             nonfinite=self._nonfinite, threads=self._threads)
 
