@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The density side of stellatrain._native: `DensityController`, the adaptive density
 // controller of pipeline/density_controller.hpp, for the DDP hook to feed with its own
-// timings (the hook agrees the measurements across ranks, so that every rank's controller
-// decides the same density).
+// timings (the ranks' step reports, combined alike on every rank, so that every rank's
+// controller decides the same density).
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/saved_state.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
@@ -18,8 +18,6 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <tuple>
-#include <vector>
 
 namespace stellatrain_python {
 
@@ -62,18 +60,14 @@ class density_controller {
                 .link_bytes = link_bytes});
   }
 
-  // One step's times of every rank, (compute, exchange, link bytes) each: observes their
-  // combination, the one the C++ pipeline observes (pipeline/step_reports.hpp).
-  void observe_ranks(const std::vector<std::tuple<double, double, std::uint64_t>>& reports) {
-    st::detail::report_aggregate agg;
-    for (const auto& [compute, exchange, bytes] : reports) {
-      check_times(compute, exchange);
-      agg.add({.exchange_seconds = exchange, .compute_seconds = compute, .link_bytes = bytes});
-    }
-    const st::rank_report a = agg.result(0);
-    c_.observe({.compute_seconds = a.compute_seconds,
-                .comm_seconds = a.exchange_seconds,
-                .link_bytes = a.link_bytes});
+  // One step's measurement from the ranks' step reports, combined as the C++ pipeline
+  // combines them (the hook's Codec.reduce does): observed as the pipeline observes it.
+  void observe_report(const st::rank_report& r) {
+    check_times(r.compute_seconds, r.exchange_seconds);
+    c_.observe({.compute_seconds = r.compute_seconds,
+                .comm_seconds = r.exchange_seconds,
+                .link_bytes = r.link_bytes,
+                .latency_rounds = r.latency_rounds});
   }
 
   [[nodiscard]] py::bytes save_state() const {
@@ -122,15 +116,15 @@ void bind_density(py::module_& m) {
            py::arg("bytes_per_element"), py::arg("header_bytes"), py::arg("latency_rounds"))
       .def("observe", &density_controller::observe, py::arg("compute_seconds"),
            py::arg("comm_seconds"), py::arg("link_bytes"))
-      .def("observe_ranks", &density_controller::observe_ranks, py::arg("reports"))
+      .def("observe_report", &density_controller::observe_report, py::arg("report"))
       .def_property_readonly("density",
                              [](const density_controller& c) { return c.get().density(); })
       .def_property_readonly("bandwidth",
                              [](const density_controller& c) { return c.get().bandwidth(); })
       .def_property_readonly("latency",
                              [](const density_controller& c) { return c.get().latency(); })
-      .def_property_readonly(
-          "compute_seconds", [](const density_controller& c) { return c.get().compute_seconds(); })
+      .def_property_readonly("compute_seconds",
+                             [](const density_controller& c) { return c.get().compute_seconds(); })
       .def("save_state", &density_controller::save_state)
       .def("load_state", &density_controller::load_state, py::arg("state"));
 }

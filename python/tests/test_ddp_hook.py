@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """stellatrain.torch.compression_hook in DDP over Gloo, 2-4 processes on this machine."""
 import copy
+import math
 
 import pytest
 import torch
@@ -8,7 +9,9 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import stellatrain.torch as st
+from stellatrain import _native
 from stellatrain.torch.ddp_hook import message_bound
+from stellatrain.torch.kernels import threads_handle
 
 import world
 
@@ -203,8 +206,6 @@ def test_residuals_follow_their_parameters_across_bucket_rebuilds():
 
 
 def test_message_bound_holds_for_every_selector_and_value_type():
-    from stellatrain import _native
-    from stellatrain.torch.kernels import threads_handle
     g = torch.Generator().manual_seed(3)
     for selector in ("exact", "threshold", "sampled_threshold", "block", "random"):
         for values in ("fp32", "fp16", "bf16"):
@@ -215,6 +216,9 @@ def test_message_bound_holds_for_every_selector_and_value_type():
                 x = torch.randn(n, generator=g)
                 nbytes = codec.compress(tid, x.data_ptr(), n, k, 0)
                 assert nbytes <= message_bound(n, k, values), (selector, values, n, k)
+                # With the step report an adaptive hook's message carries.
+                nbytes = codec.compress(tid, x.data_ptr(), n, k, 1, [_native.StepReport(step=0)])
+                assert nbytes <= message_bound(n, k, values, 1), (selector, values, n, k)
 
 
 def _bad_dtype(rank, world_size):
@@ -294,8 +298,6 @@ def test_adaptive_density_is_the_same_on_every_rank_and_checkpointed(tmp_path):
 
 
 def test_density_controller_binding_sizes_the_exchange_to_the_compute():
-    from stellatrain import _native
-
     c = _native.DensityController(min_density=1e-4, max_density=0.5, initial_density=0.01,
                                   target_ratio=0.95, latency_seconds=0.002)
     # 4 ranks, 1M elements, 6 bytes per pair; a 10 MB/s link, 50 ms of compute.
@@ -318,3 +320,183 @@ def test_density_controller_binding_sizes_the_exchange_to_the_compute():
         st.CompressionState(adaptive=True, max_density=0.0)
     with pytest.raises(ValueError, match="exchange_ratio"):
         st.CompressionState(adaptive=True, exchange_ratio=0.0)
+
+
+# ---------------------------------------------------------------- the step reports on the wire
+
+def _aggregate(reports):
+    """The C++ pipeline's combination of one step's reports, one per rank, written out as
+    pipeline/step_reports.hpp (report_aggregate) and docs/wire-format.md state it."""
+    compute = spans = link = per_element = rounds = 0.0
+    for r in reports:
+        compute = max(compute, r.compute_seconds)
+        spans += r.exchange_seconds + r.compute_seconds
+        link += float(r.link_bytes)
+        per_element += r.bytes_per_element
+        rounds += r.latency_rounds
+    n = len(reports)
+    return _native.StepReport(step=reports[0].step, exchange_seconds=max(0.0, spans / n - compute),
+                              compute_seconds=compute, link_bytes=int(math.floor(link / n + 0.5)),
+                              bytes_per_element=per_element / n, latency_rounds=rounds / n)
+
+
+def _decode(buffer, n, tensor=0):
+    """(tag, step reports) of the message at the front of a gathered buffer, read by the native
+    module's reader (the C++ unpacker and read_step_reports)."""
+    u = _native.Unpacker(threads_handle(1))
+    length = _native.message_bytes(buffer.data_ptr(), buffer.numel())
+    u.parse(tensor, n, buffer.data_ptr(), length)
+    return u.tag, u.step_reports()
+
+
+def _recording_all_gather(recorded):
+    real = dist.all_gather
+
+    def all_gather(tensors, tensor, group=None, async_op=False):
+        recorded.append(tensors)
+        return real(tensors, tensor, group=group, async_op=async_op)
+
+    dist.all_gather = all_gather
+
+
+def _reports_on_the_wire(rank, world_size):
+    import time
+
+    recorded = []
+    _recording_all_gather(recorded)
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (300, 50)]
+    state = st.CompressionState(density=0.05, values="fp32", adaptive=True, min_density=0.01,
+                                max_density=1.0)
+    g = torch.Generator().manual_seed(rank)
+    measurements = []
+    for step in range(6):
+        grads = [torch.randn(p.numel(), generator=g) for p in params]
+        st.compression_hook(state, FakeBucket(0, params, grads, True)).wait()
+        measurements.append(state.measurement)
+        time.sleep(0.01 * (1 + rank))  # the ranks' compute differs
+    return ([[m.clone() for m in gathered] for gathered in recorded], measurements,
+            message_bound(350, 0, "fp32", 1), message_bound(350, 1, "fp32", 1))
+
+
+def test_the_hook_sends_the_pipelines_step_reports_section():
+    results = world.run(_reports_on_the_wire, 2)
+    steps, measurements, fixed, with_one = results[0]
+    pair = with_one - fixed
+    for step, gathered in enumerate(steps):
+        for r, buffer in enumerate(gathered):
+            tag, reports = _decode(buffer, 350)
+            assert tag == step
+            if step < 2:  # the first complete step with a compute time is step 1
+                assert reports == []
+                continue
+            (report,) = reports
+            assert report.step == step - 1
+            assert report.compute_seconds > 0 and report.exchange_seconds >= 0
+            # The step's one message went to one other rank, padded to its bound.
+            assert report.link_bytes == steps[step - 1][r].numel()
+            assert report.bytes_per_element == pair
+            assert report.latency_rounds == 1.0
+        # The measurement every rank observed at this step: all ranks' reports of the step
+        # before, combined by the C++ pipeline's rule.
+        decoded = [_decode(buffer, 350)[1] for buffer in gathered]
+        expected = _aggregate([d[0] for d in decoded]) if step >= 2 else None
+        for _, ms, _, _ in results:
+            assert ms[step] == expected, (step, ms[step], expected)
+
+
+def _codec_message(codec, n, step, reports, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g)
+    size = codec.compress(0, x.data_ptr(), n, 10, step, reports)
+    out = torch.zeros(size + 16, dtype=torch.uint8)  # padded, as the hook's all_gather has them
+    codec.write(out.data_ptr(), out.numel())
+    return out
+
+
+def test_the_combined_measurement_is_the_pipelines_rule():
+    n = 1000
+    codecs = [_native.Codec("exact", "bf16", 0, threads_handle(1)) for _ in range(3)]
+    for c in codecs:
+        c.add(0, n, 0)
+    mine = [_native.StepReport(step=6, exchange_seconds=0.010 * (1 + r), compute_seconds=0.030
+                               + 0.007 * r, link_bytes=1000 + 3 * r, bytes_per_element=4.0,
+                               latency_rounds=2.0) for r in range(3)]
+
+    def reduce(per_rank):
+        msgs = [_codec_message(c, n, 7, reports, seed)
+                for seed, (c, reports) in enumerate(zip(codecs, per_rank))]
+        out = torch.empty(n)
+        return codecs[0].reduce(0, n, [(m.data_ptr(), m.numel()) for m in msgs], out.data_ptr(),
+                                True)
+
+    combined = reduce([[r] for r in mine])
+    assert combined == _aggregate(mine)
+    assert combined.link_bytes == 1003 and combined.compute_seconds == mine[2].compute_seconds
+    # The latest reports are what counts; older ones may come before them.
+    older = _native.StepReport(step=4, exchange_seconds=1.0, compute_seconds=1.0)
+    assert reduce([[older, mine[0]], [mine[1]], [mine[2]]]) == combined
+    # No combination while a rank has no report, or the ranks' latest are of other steps.
+    assert reduce([[mine[0]], [], [mine[2]]]) is None
+    assert reduce([[mine[0]], [older], [mine[2]]]) is None
+
+
+def test_a_malformed_step_reports_section_is_refused_with_a_clear_error():
+    n = 1000
+    codec = _native.Codec("exact", "fp32", 0, threads_handle(1))
+    codec.add(0, n, 0)
+    idx = torch.tensor([3, 17], dtype=torch.int64)
+    val = torch.tensor([1.0, 2.0])
+
+    def reduce_with(controls, tag=7):
+        bad = _native.pack(0, n, idx.data_ptr(), val.data_ptr(), 2, "fp32", tag,
+                           threads_handle(1), controls)
+        good = _codec_message(codec, n, 7, [], 1)
+        bad = torch.frombuffer(bytearray(bad), dtype=torch.uint8)
+        out = torch.empty(n)
+        codec.reduce(0, n, [(good.data_ptr(), good.numel()), (bad.data_ptr(), bad.numel())],
+                     out.data_ptr(), True, "stellatrain: bucket 3")
+
+    with pytest.raises(ValueError, match=r"^stellatrain: bucket 3: rank 1: unpack: step reports: "
+                                         r"layout version 65535"):
+        reduce_with([(1, b"\xff" * 56)])
+    with pytest.raises(ValueError, match="rank 1: unpack: step reports: 5 bytes, no header"):
+        reduce_with([(1, b"\x02\x00\x01\x00\x00")])
+    with pytest.raises(ValueError, match="rank 1: unpack: message tag 9223372036854775808 is not "
+                                         "a step"):
+        reduce_with([(1, b"\x02\x00\x01\x00\x00\x00\x00\x00" + bytes(48))], tag=2**63)
+    # The sender checks its reports as a receiver will.
+    x = torch.randn(n)
+    with pytest.raises(ValueError, match="report of step 7 in a message of step 7"):
+        codec.compress(0, x.data_ptr(), n, 10, 7, [_native.StepReport(step=7)])
+    with pytest.raises(ValueError, match="exchange seconds -1"):
+        codec.compress(0, x.data_ptr(), n, 10, 7, [_native.StepReport(step=3,
+                                                                         exchange_seconds=-1.0)])
+
+
+def _peer_sends_a_bad_section(rank, world_size):
+    params = [torch.nn.Parameter(torch.zeros(100))]
+    state = st.CompressionState(density=0.1, values="fp32", adaptive=True)
+    real = dist.all_gather
+    idx = torch.tensor([3, 17], dtype=torch.int64)
+    val = torch.tensor([1.0, 2.0])
+    bad = _native.pack(0, 100, idx.data_ptr(), val.data_ptr(), 2, "fp32", 0, threads_handle(1),
+                       [(1, b"\x03\x00\x01\x00\x00\x00\x00\x00" + bytes(48))])
+
+    def all_gather(tensors, tensor, group=None, async_op=False):
+        work = real(tensors, tensor, group=group, async_op=async_op)
+        work.wait()
+        tensors[1][:len(bad)] = torch.frombuffer(bytearray(bad), dtype=torch.uint8)
+        return work
+
+    dist.all_gather = all_gather
+    grads = [torch.randn(100)]
+    try:
+        st.compression_hook(state, FakeBucket(0, params, grads, True)).wait()
+    except Exception as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_peers_malformed_step_reports_fail_the_hook_naming_bucket_and_rank():
+    for message in world.run(_peer_sends_a_bad_section, 2):
+        assert "stellatrain: bucket 0: rank 1: unpack: step reports: layout version 3" in message

@@ -6,12 +6,15 @@ with error feedback, in the shape of PyTorch's PowerSGD hook:
     model = torch.nn.parallel.DistributedDataParallel(model)
     model.register_comm_hook(state, stellatrain.torch.compression_hook)
 
+The hook's work is the state's method `CompressionState.hook(bucket)`; `compression_hook(state,
+bucket)` calls it, as DDP's `register_comm_hook` expects.
+
 Per bucket and step, on every rank: acc = g + r; the selector picks k = ceil(density * n)
 elements of acc; they are packed in stellatrain's wire format (indices in the smallest
 encoding, values as fp32, fp16 or bf16, a CRC-32C) and r = acc - sent. The messages of all
-ranks are exchanged with one all_gather of uint8 tensors (each padded to a bound that every
-rank computes alike, its true length in front), validated, and their mean written into the
-bucket, summed in rank order: every rank gets the same bits.
+ranks are exchanged with one all_gather of uint8 tensors (each message padded to a bound that
+every rank computes alike, `message_bound`; its header gives its length), validated, and their
+mean written into the bucket, summed in rank order: every rank gets the same bits.
 
 Semantics: the step's update is the mean over ranks of what each rank sent; what a rank did
 not send stays in its residual and is sent in later steps, so over the steps nothing is lost
@@ -30,15 +33,16 @@ does (up to the order of the float sums).
   starting from `density`: the largest density whose exchange takes about the step's compute
   (forward, backward and optimizer, from one step's last gradient exchange to the next
   step's last bucket), the latency of the link fitted from the steps' own times. Each rank
-  sends its last step's times in front of its messages; every rank combines them alike (the
-  mean over ranks of exchange + compute, less the slowest compute, as the C++ pipeline does)
-  and feeds its controller, so every rank picks the same density for the same step. A step
-  without the hook (a `no_sync` micro-batch) counts as compute of the next one.
+  sends its last step's times in its messages, as the step-reports control section of the
+  wire format (docs/wire-format.md), written and read by the C++ pipeline's own code; every
+  rank combines the ranks' reports of a step as the pipeline does (the mean over ranks of
+  exchange + compute, less the slowest compute: `measurement`) and feeds its controller, so
+  every rank picks the same density for the same step. A step without the hook (a `no_sync`
+  micro-batch) counts as compute of the next one.
 - Tensors: CPU fp32 buckets. A bucket of another dtype or device raises TypeError /
   ValueError naming it (this build has no CUDA path).
 """
 import math
-import struct
 import time
 
 import torch
@@ -51,26 +55,14 @@ from .kernels import _SELECTORS, _VALUES, threads_handle
 
 __all__ = ["CompressionState", "compression_hook"]
 
-_VALUE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-# In front of each padded message: its true length, then the sender's times of its last
-# complete step for the adaptive density (step, compute seconds, exchange seconds, link
-# bytes; step -1: none).
-_PREFIX = struct.Struct("<QqddQ")
-# A message's bytes besides its pairs: message header 32 + trailer 4 + section header 40 +
-# directory entry 16, and up to 8 bytes of alignment for each of the two payloads.
-_HEADER_BYTES = 32 + 4 + 40 + 16 + 16
 
-
-def _pair_bytes(n, values):
-    index_bytes = 2 if n <= 1 << 16 else (4 if n <= 1 << 32 else 8)
-    return index_bytes + _VALUE_BYTES[values]
-
-
-def message_bound(n, k, values):
-    """Bytes of the largest message `compression_hook` can send for a bucket of n elements
-    and k pairs: the wire format's headers plus raw indices (the encoding chosen is never
-    larger) and the values."""
-    return _HEADER_BYTES + k * _pair_bytes(n, values)
+def message_bound(n, k, values, reports=0):
+    """Bytes of the largest message `compression_hook` can send for a bucket of n elements, k
+    pairs and `reports` step reports (0: no step-reports section): the wire format's headers
+    plus raw indices (the encoding chosen is never larger) and the values, computed by the
+    native module from the wire format's constants."""
+    fixed, pair = _native.message_bound(n, values, reports)
+    return fixed + k * pair
 
 
 class _StepTimes:
@@ -87,20 +79,37 @@ class _StepTimes:
         self.header_bytes = 0
         self.compute = None       # from the step before's last_done to last_hook
 
+    def add_bucket(self, world, bound, b):
+        """One bucket's padded message of `bound` bytes, sent to the other ranks."""
+        self.link_bytes += (world - 1) * bound
+        self.elements += b.n
+        self.pair_bytes += b.n * b.pair_bytes
+        self.header_bytes += b.fixed_bytes
+
+    def report(self, world):
+        """The step's report (the pipeline's `rank_report`), once the step is complete."""
+        return _native.StepReport(
+            step=self.step, exchange_seconds=self.last_done - self.first_launch,
+            compute_seconds=self.compute, link_bytes=self.link_bytes,
+            bytes_per_element=self.pair_bytes / max(1, self.elements),
+            latency_rounds=float(world - 1))
+
 
 class _Bucket:
-    """What the state knows of one bucket index: its layout and the codec tensor behind it."""
+    """What the state knows of one bucket index: its layout, the codec tensor behind it and the
+    bound of its messages (fixed bytes plus bytes per pair)."""
 
-    def __init__(self, codec_id, numbers, offsets, sizes, n):
+    def __init__(self, codec_id, numbers, offsets, sizes, n, bound):
         self.codec_id = codec_id
         self.numbers = numbers  # parameter numbers, in the bucket's order
         self.offsets = offsets  # their element offsets in the bucket
         self.sizes = sizes
         self.n = n
+        self.fixed_bytes, self.pair_bytes = bound
 
 
 class CompressionState:
-    """The state of `compression_hook` for one DDP model.
+    """The state of `compression_hook` for one DDP model; `hook(bucket)` is the hook's work.
 
     Args:
         process_group: the group to exchange over (None: the default group).
@@ -120,8 +129,13 @@ class CompressionState:
             a step up to 1 + r times its compute: lower ratios buy shorter steps with fewer
             elements sent.
 
-    `density` is the density of the next step (with `adaptive`, the controller's choice);
-    `bandwidth()`, `latency()` the controller's estimates.
+    Public fields, as PowerSGDState has them: `process_group`, `iter` (steps begun), the
+    options above (`density` is the density of the next step, with `adaptive` the
+    controller's choice), `bytes_sent` (bytes this rank put on the wire, padded messages) and
+    `measurement`, the last combination of the ranks' step reports the adaptive density
+    observed (a `StepReport`: step, exchange_seconds, compute_seconds, link_bytes,
+    bytes_per_element, latency_rounds; None before the first). `bandwidth()`, `latency()`
+    are the controller's estimates.
     """
 
     def __init__(self, process_group=None, density=0.01, selector="exact", values="bf16",
@@ -145,8 +159,10 @@ class CompressionState:
                 latency_seconds=0.0)
             density = self._controller.density
         self._times = None       # _StepTimes of the step in progress
-        self._report = None      # this rank's times of its last complete step
+        self._reported = None    # _StepTimes of this rank's last complete step
+        self._report = None      # its StepReport, which this rank's messages carry
         self._last_done = None   # when the step before the one in progress finished
+        self.measurement = None
         self.density = float(density)
         self.selector = selector
         self.values = values
@@ -155,7 +171,6 @@ class CompressionState:
         self.iter = 0
         self._threads = threads_handle(threads)
         self._reset()
-        # Bytes this rank put on the wire (padded messages) and steps done, for reports.
         self.bytes_sent = 0
 
     def _reset(self):
@@ -166,6 +181,60 @@ class CompressionState:
         self._params = []         # the parameters, by number (keeps the ids valid)
         self._homes = {}          # parameter number -> (codec id, offset, size)
         self._carry = {}          # parameter number -> residual to add before its next send
+
+    # ------------------------------------------------------------------ the hook
+
+    def hook(self, bucket):
+        """The hook's work for one DDP bucket (`compression_hook` calls it): error feedback,
+        selection and packing of the bucket, one all_gather of every rank's message; returns
+        the future of the bucket holding the mean over ranks of what they sent."""
+        group = self.process_group if self.process_group is not None else dist.group.WORLD
+        world = dist.get_world_size(group)
+        grad = bucket.buffer()
+        fp32_cpu_buffer(grad, f"bucket {bucket.index()}")
+        step = self.iter
+        last = bucket.is_last()
+        if last:
+            self.iter += 1
+        if step < self.start_iter:
+            return _allreduce_mean(group, world, grad)
+
+        n = grad.numel()
+        k = min(n, max(1, math.ceil(self.density * n)))
+        times = self._time_bucket(step, last, world) if self.adaptive else None
+        b = self._bucket_for(bucket, grad)
+        for number, offset, size in zip(b.numbers, b.offsets, b.sizes):
+            carry = self._carry.pop(number, None)
+            if carry is not None:
+                grad[offset:offset + size].add_(carry)
+
+        bound = b.fixed_bytes + k * b.pair_bytes
+        codec = self._codec
+        reports = [self._report] if times is not None and self._report is not None else []
+        nbytes = codec.compress(b.codec_id, grad.data_ptr(), n, k, step, reports)
+        if nbytes > bound:
+            raise RuntimeError(f"stellatrain: bucket {bucket.index()}: message of {nbytes} bytes "
+                               f"exceeds its bound {bound}")
+        out = torch.empty(bound, dtype=torch.uint8)
+        codec.write(out.data_ptr(), bound)
+        self.bytes_sent += bound
+        if times is not None:
+            times.add_bucket(world, bound, b)
+        gathered = [torch.empty_like(out) for _ in range(world)]
+        fut = dist.all_gather(gathered, out, group=group, async_op=True).get_future()
+        observes = times is not None and last
+        who = f"stellatrain: bucket {bucket.index()}"
+
+        def reduce(_):
+            combined = codec.reduce(b.codec_id, n, [(m.data_ptr(), m.numel()) for m in gathered],
+                                    grad.data_ptr(), True, who)
+            if times is not None:
+                times.last_done = max(times.last_done or 0.0, time.perf_counter())
+            if observes and combined is not None:
+                self._observe(combined, world)
+            return grad
+
+        return fut.then(reduce)
 
     # ------------------------------------------------------------------ residuals
 
@@ -222,9 +291,18 @@ class CompressionState:
             self._homes[number] = (codec_id, offset, size)
             if number in residuals:
                 self._carry[number] = residuals[number]
-        b = _Bucket(codec_id, numbers, offsets, sizes, n)
+        # With `adaptive` every message has room for one step report, whether or not this
+        # rank has one yet: the bound is the same on every rank.
+        b = _Bucket(codec_id, numbers, offsets, sizes, n,
+                    _native.message_bound(n, self.values, 1 if self.adaptive else 0))
         self._buckets[bucket.index()] = b
         return b
+
+    def residual(self, parameter):
+        """A copy of the residual of `parameter` (flat; zeros before its first send)."""
+        number = self._numbers.get(id(parameter))
+        r = None if number is None else self._residual_of(number)
+        return torch.zeros(parameter.numel()) if r is None else r
 
     # ------------------------------------------------------------------ adaptive density
 
@@ -237,39 +315,44 @@ class CompressionState:
         """The adaptive controller's one-way latency estimate in seconds (0 without one)."""
         return self._controller.latency if self._controller else 0.0
 
-    def _begin_step(self, step, now):
+    def _time_bucket(self, step, last, world):
+        """The times of `step`, which this bucket's exchange joins."""
+        now = time.perf_counter()
+        if self._times is None or self._times.step != step:
+            self._begin_step(step, now, world)
+        times = self._times
+        if last:
+            times.last_hook = now
+        return times
+
+    def _begin_step(self, step, now, world):
         """The first bucket of `step`: the last step's times become this rank's report."""
         prev = self._times
-        self._report = None
+        self._reported = self._report = None
         if prev is not None and prev.step == step - 1 and None not in (
                 prev.first_launch, prev.last_hook, prev.last_done):
             if self._last_done is not None:
                 prev.compute = max(0.0, prev.last_hook - self._last_done)
-                self._report = prev
+                self._reported = prev
+                self._report = prev.report(world)
             self._last_done = prev.last_done
         else:
             self._last_done = None
         self._times = _StepTimes(step)
         self._times.first_launch = now
 
-    def _observe(self, reports, world):
-        """Every rank's report of one step (the same reports on every rank): the controller's
-        next density. Reports of different steps (a rank restored from a checkpoint alone, or
-        one whose last step had no exchange) are skipped on every rank alike."""
-        if len({r[0] for r in reports}) != 1 or reports[0][0] < 0 or self._report is None:
-            return
-        mine = self._report
-        self._controller.set_model(elements=mine.elements, ranks=world,
-                                   bytes_per_element=mine.pair_bytes / max(1, mine.elements),
-                                   header_bytes=mine.header_bytes, latency_rounds=world - 1)
-        self._controller.observe_ranks([r[1:] for r in reports])
+    def _observe(self, combined, world):
+        """The ranks' reports of one step, combined alike on every rank by the native reduce
+        (every rank reported that step; otherwise there is no `combined`, on every rank
+        alike): the controller's next density, observed as the C++ pipeline observes it."""
+        mine = self._reported
+        if combined.bytes_per_element > 0:
+            self._controller.set_model(elements=mine.elements, ranks=world,
+                                       bytes_per_element=combined.bytes_per_element,
+                                       header_bytes=mine.header_bytes, latency_rounds=world - 1)
+        self._controller.observe_report(combined)
+        self.measurement = combined
         self.density = self._controller.density
-
-    def residual(self, parameter):
-        """A copy of the residual of `parameter` (flat; zeros before its first send)."""
-        number = self._numbers.get(id(parameter))
-        r = None if number is None else self._residual_of(number)
-        return torch.zeros(parameter.numel()) if r is None else r
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -307,7 +390,8 @@ class CompressionState:
         self._reset()
         self._carry = residuals
         self.iter = int(state_dict["iter"])
-        self._times = self._report = self._last_done = None
+        self._times = self._reported = self._report = self._last_done = None
+        self.measurement = None
 
 
 def _allreduce_mean(group, world, grad):
@@ -316,70 +400,5 @@ def _allreduce_mean(group, world, grad):
 
 
 def compression_hook(state, bucket):
-    """The DDP communication hook (see the module's documentation)."""
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
-    world = dist.get_world_size(group)
-    grad = bucket.buffer()
-    fp32_cpu_buffer(grad, f"bucket {bucket.index()}")
-    step = state.iter
-    if bucket.is_last():
-        state.iter += 1
-    if step < state.start_iter:
-        return _allreduce_mean(group, world, grad)
-
-    n = grad.numel()
-    k = min(n, max(1, math.ceil(state.density * n)))
-    times = None
-    if state.adaptive:
-        now = time.perf_counter()
-        if state._times is None or state._times.step != step:
-            state._begin_step(step, now)
-        times = state._times
-        if bucket.is_last():
-            times.last_hook = now
-    b = state._bucket_for(bucket, grad)
-    for number, offset, size in zip(b.numbers, b.offsets, b.sizes):
-        carry = state._carry.pop(number, None)
-        if carry is not None:
-            grad[offset:offset + size].add_(carry)
-
-    bound = message_bound(n, k, state.values)
-    nbytes = state._codec.compress(b.codec_id, grad.data_ptr(), n, k, step)
-    if nbytes > bound:
-        raise RuntimeError(f"stellatrain: bucket {bucket.index()}: message of {nbytes} bytes "
-                           f"exceeds its bound {bound}")
-    out = torch.empty(_PREFIX.size + bound, dtype=torch.uint8)
-    r = state._report if times is not None else None
-    report = (-1, 0.0, 0.0, 0) if r is None else (
-        r.step, r.compute, r.last_done - r.first_launch, r.link_bytes)
-    out[:_PREFIX.size] = torch.frombuffer(bytearray(_PREFIX.pack(nbytes, *report)),
-                                          dtype=torch.uint8)
-    state._codec.write(out.data_ptr() + _PREFIX.size, bound)
-    state.bytes_sent += out.numel()
-    if times is not None:
-        times.link_bytes += (world - 1) * out.numel()
-        times.elements += n
-        times.pair_bytes += n * _pair_bytes(n, state.values)
-        times.header_bytes += _HEADER_BYTES + _PREFIX.size
-    gathered = [torch.empty_like(out) for _ in range(world)]
-    fut = dist.all_gather(gathered, out, group=group, async_op=True).get_future()
-    codec, codec_id = state._codec, b.codec_id
-    observes = times is not None and bucket.is_last()
-
-    def reduce(_):
-        messages, reports = [], []
-        for r, m in enumerate(gathered):
-            length, *rep = _PREFIX.unpack(m[:_PREFIX.size].numpy().tobytes())
-            if length > bound:
-                raise ValueError(f"stellatrain: bucket {bucket.index()}: rank {r} announced a "
-                                 f"message of {length} bytes, the bound is {bound}")
-            messages.append((m.data_ptr() + _PREFIX.size, length))
-            reports.append(tuple(rep))
-        codec.reduce(codec_id, n, messages, grad.data_ptr(), True)
-        if times is not None:
-            times.last_done = max(times.last_done or 0.0, time.perf_counter())
-        if observes:
-            state._observe(reports, world)
-        return grad
-
-    return fut.then(reduce)
+    """The DDP communication hook (see the module's documentation): `state.hook(bucket)`."""
+    return state.hook(bucket)
