@@ -176,6 +176,11 @@ inline constexpr std::size_t offset_flags = 6;
 inline constexpr std::size_t offset_section_count = 8;
 inline constexpr std::size_t offset_header_bytes = 12;
 inline constexpr std::size_t offset_message_bytes = 16;
+/// The tag: unsigned, any 64-bit value; the reader carries it unchanged
+/// (`message_info::tag`). The pipeline and the Python DDP hook write their step there, a
+/// signed 64-bit count from 0, and read it back as one: the pipeline refuses a tag other than
+/// the step it expects, the step-reports reader one at or above 2^63 (no step), as it refuses a
+/// report's step at or above 2^63 (docs/wire-format.md, "The tag as a step").
 inline constexpr std::size_t offset_tag = 24;
 
 // Field offsets in a section header.
