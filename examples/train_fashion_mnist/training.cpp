@@ -398,7 +398,7 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
       st::dense_allreduce(t, std::span<float>(grad),
                           {.tag = 1, .timeout = std::chrono::minutes(10), .average = true}, ws);
     }
-    adam.set_learning_rate(learning_rate(s, s.lr, step));
+    adam.set_lr(learning_rate(s, s.lr, step));
     adam.step(0, std::span<const float>(grad));
     const double now = clock.seconds();
     if (prog) prog->stepped({step + 1, now, 1.0, 0.0, links.mbps(), 0.0}, loss);

@@ -91,7 +91,7 @@ class group_optimizer {
     return report.nonfinite;
   }
 
-  void set_learning_rate(float lr) { opt_.set_learning_rate(lr); }
+  void set_lr(float lr) { opt_.set_lr(lr); }
   [[nodiscard]] std::uint64_t step_count(std::size_t t) const { return opt_.step_count_of(t); }
   [[nodiscard]] std::size_t tensor_count() const noexcept { return opt_.tensor_count(); }
 
@@ -125,7 +125,7 @@ void bind_common(py::class_<Group>& c) {
   c.def("add", &Group::add, py::arg("params"), py::arg("elements"))
       .def("step", &Group::step, py::arg("tensor"), py::arg("params"), py::arg("grad"),
            py::arg("elements"))
-      .def("set_learning_rate", &Group::set_learning_rate, py::arg("lr"))
+      .def("set_lr", &Group::set_lr, py::arg("lr"))
       .def("step_count", &Group::step_count, py::arg("tensor"))
       .def_property_readonly("tensor_count", &Group::tensor_count)
       .def("save_state", &Group::save_state)

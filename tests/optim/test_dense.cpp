@@ -358,7 +358,7 @@ TEST_CASE("options PyTorch refuses are refused", "[optim][options]") {
   CHECK_NOTHROW(adam_optimizer({.beta2 = 0.9999999f}));
   CHECK_NOTHROW(adam_optimizer({.beta2 = 0.99999f, .step_mode = step_count::per_element}));
   adam_optimizer a;
-  error_message([&] { a.set_learning_rate(-2.0f); }, errc::invalid_argument);
-  a.set_learning_rate(0.5f);
+  error_message([&] { a.set_lr(-2.0f); }, errc::invalid_argument);
+  a.set_lr(0.5f);
   CHECK(a.options().lr == 0.5f);
 }

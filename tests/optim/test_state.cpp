@@ -73,7 +73,7 @@ TEMPLATE_TEST_CASE("a restored state continues bit-identically", "[optim][state]
     TestType a(o);
     register_tensors(a);
     train(a, 0, 7);
-    a.set_learning_rate(o.lr * 0.5f);  // a scheduler changed it: the state carries it
+    a.set_lr(o.lr * 0.5f);  // a scheduler changed it: the state carries it
     const auto bytes = save(a);
     train(a, 7, 6);
 

@@ -138,7 +138,7 @@ inline constexpr adam_options adamw_defaults{.weight_decay = 1e-2f,
 /// weight decay.
 ///
 /// Thread safety: steps on different tensors may run concurrently; `add_tensor`,
-/// `set_learning_rate` and `load_state` must not overlap any other call. Steps never allocate.
+/// `set_lr` and `load_state` must not overlap any other call. Steps never allocate.
 ///
 /// \code
 ///   stellatrain::thread_pool pool{2};
@@ -162,7 +162,7 @@ class adam_optimizer : public detail::optimizer_base<adam_optimizer> {
   [[nodiscard]] const adam_options& options() const noexcept { return options_; }
 
   /// Changes the learning rate for later steps (a scheduler's hook).
-  void set_learning_rate(float lr) {
+  void set_lr(float lr) {
     adam_options o = options_;
     o.lr = lr;
     options_ = validated(o);

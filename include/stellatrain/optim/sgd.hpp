@@ -91,7 +91,7 @@ struct sgd_options {
 /// weight decay.
 ///
 /// Thread safety: steps on different tensors may run concurrently (each tensor has its own
-/// arrays); `add_tensor`, `set_learning_rate`, `load_state` must not overlap any other call.
+/// arrays); `add_tensor`, `set_lr`, `load_state` must not overlap any other call.
 /// Steps never allocate.
 ///
 /// \code
@@ -115,7 +115,7 @@ class sgd_optimizer : public detail::optimizer_base<sgd_optimizer> {
   [[nodiscard]] const sgd_options& options() const noexcept { return options_; }
 
   /// Changes the learning rate for later steps (a scheduler's hook).
-  void set_learning_rate(float lr) {
+  void set_lr(float lr) {
     sgd_options o = options_;
     o.lr = lr;
     options_ = validated(o);

@@ -321,16 +321,17 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
 
   /// Sets the learning rate of the steps handed over from now on, the earlier ones keeping
   /// theirs (a scheduler's hook that leaves steps in flight alone: with staleness 1 the
-  /// previous step may still be applied at its own rate while the next one computes). Call
-  /// between steps, when every tensor has been handed over equally often; all ranks must set
-  /// the same rates at the same steps. The optimizer takes a new rate once every bucket has
-  /// applied the step before it: the applies of that step's buckets wait for each other, the
-  /// exchanges and the application do not. Setting the rate in effect is free. Needs an
-  /// optimizer with `set_learning_rate(float)`. Errors: `errc::invalid_argument` for a rate that
+  /// previous step may still be applied at its own learning rate while the next one
+  /// computes). Call between steps, when every tensor has been handed over equally often; all
+  /// ranks must set the same learning rates at the same steps. The optimizer takes a new one
+  /// once every bucket has applied the step before it: the applies of that step's buckets wait
+  /// for each other, the exchanges and the application do not. Setting the learning rate in
+  /// effect is free. Needs an optimizer with `set_lr(float)`. Errors: `errc::invalid_argument`
+  /// for a learning rate that
   /// is negative or not finite, or a call in the middle of a step's hand-overs. A checkpoint
-  /// holds the rate of the step after it; `load_checkpoint` restores that rate and drops the
+  /// holds the learning rate of the step after it; `load_checkpoint` restores it and drops the
   /// changes that had not taken effect.
-  void set_lr(float lr) requires requires(Optimizer& o) { o.set_learning_rate(lr); }
+  void set_lr(float lr) requires requires(Optimizer& o) { o.set_lr(lr); }
   {
     if (!std::isfinite(lr) || lr < 0) {
       throw_error(
@@ -395,7 +396,7 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
   /// differ between ranks).
   [[nodiscard]] std::vector<std::byte> save_checkpoint() {
     flush();
-    // The rate of the next step goes into the optimizer's state.
+    // The learning rate of the next step goes into the optimizer's state.
     timed_wait("save_checkpoint", [&] { return take_lr_changes(pushed_steps_); });
     std::lock_guard lock(runner_.mutex());
     return detail::write_pipeline_checkpoint(static_cast<std::uint64_t>(pushed_steps_),
@@ -494,8 +495,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     if (!bs.apply_busy && bs.exchanged >= to_apply && take_lr_changes(to_apply, &lr_changed)) {
       bs.apply_busy = true;
       runner_.schedule(to_apply, b, true);
-      // Other buckets' applies of the step may have waited for the new rate (these calls
-      // change no rate: this bucket's apply is now busy).
+      // Other buckets' applies of the step may have waited for the new learning rate (these
+      // calls change none: this bucket's apply is now busy).
       if (lr_changed) {
         for (std::size_t o = 0; o < buckets_.size(); ++o) {
           if (o != b) launch_ready(o);
@@ -517,8 +518,8 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
           return true;
         },
         [&](float lr) {
-          if constexpr (requires { optimizer().set_learning_rate(lr); }) {
-            optimizer().set_learning_rate(lr);  // validated by set_lr
+          if constexpr (requires { optimizer().set_lr(lr); }) {
+            optimizer().set_lr(lr);  // validated by set_lr
           }
         },
         changed);
@@ -531,7 +532,7 @@ requires(std::is_void_v<Record> || value_type<Record>) class pipeline {
     (apply ? bs.apply_busy : bs.encode_busy) = false;
     if (runner_.failed()) return;
     if (apply && !lr_changes_.empty()) {
-      // A rate change waits for every bucket's apply: this one may have been the last.
+      // A learning-rate change waits for every bucket's apply: this one may have been the last.
       for (std::size_t o = 0; o < buckets_.size(); ++o) launch_ready(o);
     } else {
       launch_ready(b);

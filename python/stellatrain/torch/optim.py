@@ -89,7 +89,7 @@ class _NativeOptimizer(torch.optim.Optimizer):
                 changed = sorted(k for k in fixed if now[k] != fixed[k])
                 raise ValueError(f"group {g}: {', '.join(repr(k) for k in changed)} changed "
                                  f"after construction ({fixed} -> {now}); only 'lr' may change")
-            native.set_learning_rate(float(group["lr"]))
+            native.set_lr(float(group["lr"]))
             for i, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue

@@ -14,7 +14,8 @@ namespace stellatrain::detail {
 
 class lr_changes {
  public:
-  // The rate of the steps from `step` on; returns false when it is the rate asked for last.
+  // The learning rate of the steps from `step` on; returns false when it is the one asked for
+  // last.
   bool request(std::int64_t step, float lr) {
     if (requested_ == lr) return false;
     requested_ = lr;
@@ -30,7 +31,7 @@ class lr_changes {
 
   // Puts into effect, by `set(lr)`, the changes of the steps up to `step` whose previous step
   // `applied(step - 1)` says is applied everywhere; returns whether none of them is left
-  // waiting (then `step` may be applied). `changed` is set when a rate was set.
+  // waiting (then `step` may be applied). `changed` is set when one was set.
   template <class Applied, class Set>
   bool take(std::int64_t step, Applied&& applied, Set&& set, bool* changed = nullptr) {
     while (!pending_.empty() && pending_.front().step <= step) {
@@ -43,7 +44,7 @@ class lr_changes {
     return true;
   }
 
-  // Forgets every change (a checkpoint restores the rate).
+  // Forgets every change (a checkpoint restores the learning rate).
   void clear() noexcept {
     pending_.clear();
     requested_.reset();
@@ -51,11 +52,11 @@ class lr_changes {
 
  private:
   struct change {
-    std::int64_t step;  // the first step at the new rate
+    std::int64_t step;  // the first step at the new learning rate
     float lr;
   };
   std::deque<change> pending_;      // by step
-  std::optional<float> requested_;  // the last rate asked for
+  std::optional<float> requested_;  // the last learning rate asked for
 };
 
 }  // namespace stellatrain::detail
