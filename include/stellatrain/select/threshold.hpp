@@ -98,7 +98,7 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
     outcome = select_exact<Arch>(ex, src, n, k, target, tuning, ws, rw, emit);
     ++state.bootstraps;
   } else {
-    const float low_mag = magnitude_of_key<T>(state.low_key);
+    const float low_mag = key_value<T>(state.low_key);
     for (int j = 0; j < 2; ++j)
       edges[j] = std::max<std::uint32_t>(1, key_at_most<T>(low_mag * threshold_edge_ratio[j]));
     band = collect_candidates<Arch, 2>(ex, src, n, state.low_key, {edges[0], edges[1]}, ws);
@@ -138,9 +138,9 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
     if (!have_first_level) kth_first_level(ex, ws, key_mask, first_level);
     next = std::max<std::uint32_t>(kth_floor(first_level, target), 1);
   } else if (!bootstrap && !band.overflow) {
-    const float l0 = magnitude_of_key<T>(state.low_key);
-    const float l1 = magnitude_of_key<T>(edges[0]);
-    const float l2 = magnitude_of_key<T>(edges[1]);
+    const float l0 = key_value<T>(state.low_key);
+    const float l1 = key_value<T>(edges[0]);
+    const float l2 = key_value<T>(edges[1]);
     const auto c0 = static_cast<double>(band.count);
     const auto c1 = static_cast<double>(band.at_or_above[0]);
     const auto c2 = static_cast<double>(band.at_or_above[1]);
@@ -157,7 +157,7 @@ select_outcome threshold_select(Ex& ex, const Source& src, std::uint64_t n, std:
   } else {
     // Only the k-th key is known: step below it.
     next = std::max<std::uint32_t>(
-        key_at_most<T>(magnitude_of_key<T>(outcome.kth_key) * threshold_edge_ratio[0]), 1);
+        key_at_most<T>(key_value<T>(outcome.kth_key) * threshold_edge_ratio[0]), 1);
   }
   state.low_key = next;
   state.kth_key = outcome.kth_key;

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Magnitude keys of the selection kernels: the raw bits of an element with the sign cleared,
-// and conversions between keys, bits, values and magnitudes.
+// Magnitude keys, the one ranking of every selection kernel on host and device: an element
+// ranks by the bit pattern of |x| read as an unsigned integer (+0 == -0, +inf above every
+// finite value, NaN above +inf; ties go to the lowest index). Conversions between keys, bits,
+// values and magnitudes; the STELLATRAIN_HOST_DEVICE functions serve the .cuh kernels too.
 #pragma once
 
 #include <stellatrain/config.hpp>
-#include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/float16.hpp>
 
 #include <bit>
@@ -17,13 +18,38 @@ namespace stellatrain::detail {
 template <class T>
 inline constexpr std::uint32_t key_mask_of = sizeof(T) == 4 ? 0x7fffffffu : 0x7fffu;
 
-/// Largest finite magnitude key of `T` (keys above it are infinity, then NaNs).
+/// Significant bits of the magnitude key of `T`: 31 for float, 15 for fp16/bf16.
 template <class T>
-inline constexpr std::uint32_t max_finite_key_of = std::is_same_v<T, float>
-                                                       ? 0x7f7fffffu
-                                                       : (std::is_same_v<T, fp16> ? 0x7bffu
-                                                                                  : 0x7f7fu);
+inline constexpr std::uint32_t magnitude_key_bits =
+    static_cast<std::uint32_t>(std::popcount(key_mask_of<T>));
 
+/// The key of +infinity in `T` (keys above it are NaNs).
+template <class T>
+inline constexpr std::uint32_t infinity_key = std::is_same_v<T, float>  ? 0x7f800000u
+                                              : std::is_same_v<T, fp16> ? 0x7c00u
+                                                                        : 0x7f80u;
+
+STELLATRAIN_HOST_DEVICE constexpr std::uint32_t magnitude_key(float x) noexcept {
+  return float_bits(x) & key_mask_of<float>;
+}
+STELLATRAIN_HOST_DEVICE constexpr std::uint32_t magnitude_key(fp16 x) noexcept {
+  return x.bits() & key_mask_of<fp16>;
+}
+STELLATRAIN_HOST_DEVICE constexpr std::uint32_t magnitude_key(bf16 x) noexcept {
+  return x.bits() & key_mask_of<bf16>;
+}
+
+/// The non-negative value (as a float) whose magnitude key of element type `T` is `key`.
+template <class T>
+STELLATRAIN_HOST_DEVICE constexpr float key_value(std::uint32_t key) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    return bits_float(key);
+  } else {
+    return T::from_bits(static_cast<std::uint16_t>(key)).to_float();
+  }
+}
+
+// The raw bits of an element and back, as the CPU kernels store candidates (sign included).
 [[nodiscard]] STELLATRAIN_FORCE_INLINE std::uint32_t raw_bits(float x) noexcept {
   return std::bit_cast<std::uint32_t>(x);
 }
@@ -39,19 +65,13 @@ template <class T>
   }
 }
 
-/// The magnitude (as a float) that a key of element type `T` stands for.
-template <class T>
-[[nodiscard]] inline float magnitude_of_key(std::uint32_t key) noexcept {
-  return to_float(value_from_bits<T>(key));
-}
-
 /// The largest key of type `T` whose magnitude is at most `m` (m >= 0, finite or +inf).
 template <class T>
 [[nodiscard]] inline std::uint32_t key_at_most(float m) noexcept {
   if (!(m > 0.0f)) return 0;
-  std::uint32_t key = raw_bits(from_float<T>(m)) & key_mask_of<T>;
+  std::uint32_t key = magnitude_key(from_float<T>(m));
   // Rounding may have gone up: step down until the key's magnitude is <= m.
-  while (key > 0 && magnitude_of_key<T>(key) > m) --key;
+  while (key > 0 && key_value<T>(key) > m) --key;
   return key;
 }
 

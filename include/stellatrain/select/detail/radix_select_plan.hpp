@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The logic of the GPU radix select that does not depend on CUDA: ranking keys, digit plans,
+// The logic of the GPU radix select that does not depend on CUDA (keys: keys.hpp): digit plans,
 // the per-element classification, the bucket choice, the state machine between passes, the
 // threshold update and the workspace layout. Kernels and the host emulator in the tests call
 // the same functions, so the CPU tests check what the device runs.
@@ -7,6 +7,7 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/float16.hpp>
+#include <stellatrain/select/detail/keys.hpp>
 #include <stellatrain/select/topk_threshold_state.hpp>
 
 #include <bit>
@@ -15,40 +16,6 @@
 #include <type_traits>
 
 namespace stellatrain::detail {
-
-// ------------------------------------------------------------------ ranking keys
-// An element ranks by the bit pattern of |x| read as an unsigned integer: +0 == -0, +inf above
-// every finite value, NaN above +inf. Ties go to the lowest index.
-
-STELLATRAIN_HOST_DEVICE constexpr std::uint32_t magnitude_key(float x) noexcept {
-  return float_bits(x) & 0x7fffffffu;
-}
-STELLATRAIN_HOST_DEVICE constexpr std::uint32_t magnitude_key(fp16 x) noexcept {
-  return x.bits() & 0x7fffu;
-}
-STELLATRAIN_HOST_DEVICE constexpr std::uint32_t magnitude_key(bf16 x) noexcept {
-  return x.bits() & 0x7fffu;
-}
-
-/// Significant bits of the magnitude key of `T`: 31 for float, 15 for fp16/bf16.
-template <class T>
-inline constexpr std::uint32_t magnitude_key_bits = std::is_same_v<T, float> ? 31u : 15u;
-
-/// The key of +infinity in `T` (keys above it are NaNs).
-template <class T>
-inline constexpr std::uint32_t infinity_key = std::is_same_v<T, float>  ? 0x7f800000u
-                                              : std::is_same_v<T, fp16> ? 0x7c00u
-                                                                        : 0x7f80u;
-
-/// The non-negative value whose magnitude key is `key`.
-template <class T>
-STELLATRAIN_HOST_DEVICE constexpr float key_value(std::uint32_t key) noexcept {
-  if constexpr (std::is_same_v<T, float>) {
-    return bits_float(key);
-  } else {
-    return T::from_bits(static_cast<std::uint16_t>(key)).to_float();
-  }
-}
 
 // ------------------------------------------------------------------ digits and levels
 // Keys are resolved in 11-bit digits from the top (31 = 11 + 11 + 9 bits, 15 = 11 + 4); ties
