@@ -7,7 +7,10 @@
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/sparse.hpp>
-#include <stellatrain/select/detail/candidate_pass.hpp>
+#include <stellatrain/select/detail/candidate_collect.hpp>
+#include <stellatrain/select/detail/candidate_emit.hpp>
+#include <stellatrain/select/detail/candidate_kth.hpp>
+#include <stellatrain/select/detail/candidate_workspace.hpp>
 #include <stellatrain/select/detail/exact_select.hpp>
 #include <stellatrain/select/detail/keys.hpp>
 #include <stellatrain/select/exact_topk.hpp>

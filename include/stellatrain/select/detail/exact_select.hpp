@@ -8,7 +8,10 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/aligned_buffer.hpp>
 #include <stellatrain/core/executor.hpp>
-#include <stellatrain/select/detail/candidate_pass.hpp>
+#include <stellatrain/select/detail/candidate_collect.hpp>
+#include <stellatrain/select/detail/candidate_emit.hpp>
+#include <stellatrain/select/detail/candidate_kth.hpp>
+#include <stellatrain/select/detail/candidate_workspace.hpp>
 #include <stellatrain/select/detail/keys.hpp>
 #include <stellatrain/select/selection.hpp>
 #include <stellatrain/select/selection_source.hpp>
