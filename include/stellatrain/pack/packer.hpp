@@ -65,9 +65,6 @@ struct packer_control {
   std::uint64_t offset = 0;  // of the section header in the message
 };
 
-// Bitmap pieces: bytes of the bitmap written by one task.
-inline constexpr std::uint64_t bitmap_piece_bytes = std::uint64_t{1} << 16;
-
 template <class F>
 decltype(auto) with_indices(const packer_section& s, F&& f) {
   if (s.wide) return f(static_cast<const std::uint64_t*>(s.indices));

@@ -615,6 +615,10 @@ void encode_raw(const I* idx, std::size_t count, std::byte* out) noexcept {
   }
 }
 
+/// Bytes of a bitmap payload that one task writes or reads: pieces of 64 KiB give the
+/// executor enough tasks on large tensors and keep each one long against a hand-off.
+inline constexpr std::uint64_t bitmap_piece_bytes = std::uint64_t{1} << 16;
+
 /// Population count of bytes [p, p + bytes).
 [[nodiscard]] inline std::uint64_t popcount_bytes(const std::byte* p, std::size_t bytes) noexcept {
   std::uint64_t c = 0;
