@@ -12,6 +12,7 @@
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/pack/detail/crc32c_combine.hpp>
 #include <stellatrain/pack/detail/index_codec.hpp>
+#include <stellatrain/pack/detail/packer_tables.hpp>
 #include <stellatrain/pack/detail/value_codec.hpp>
 #include <stellatrain/pack/wire_format.hpp>
 
@@ -26,65 +27,6 @@
 #include <vector>
 
 namespace stellatrain {
-
-namespace detail {
-
-struct packer_section {
-  std::uint32_t tensor = 0;
-  std::uint64_t dense_size = 0;
-  std::uint64_t count = 0;
-  const void* indices = nullptr;  // null for random_k
-  bool wide = false;              // 64-bit indices
-  const void* values = nullptr;
-  value_encoding source = value_encoding::fp32;  // C++ type of the values
-  value_encoding wire_values = value_encoding::fp32;
-  index_encoding requested = index_encoding::automatic;
-  index_encoding chosen = index_encoding::automatic;
-  random_key key{};
-  std::uint64_t first_chunk = 0;  // into the chunk table
-  std::uint64_t chunks = 0;
-  std::uint64_t scratch_offset = 0;  // of its delta_bitpacked chunks, if encoded
-  std::uint64_t index_bytes = 0;
-  std::uint64_t offset = 0;  // of the section header in the message
-};
-
-struct packer_chunk {
-  std::uint64_t section = 0;
-  std::uint64_t begin = 0;  // first element
-  std::uint64_t count = 0;
-  std::uint64_t bitpacked_bytes = 0;
-  std::uint64_t varint_bytes = 0;
-  std::uint64_t bad = no_position;  // first element (in the chunk) not above its predecessor
-  bool out_of_range = false;        // the chunk's last index is not below the tensor size
-  std::uint64_t data_offset = 0;    // of its bytes after the section's chunk directory
-};
-
-struct packer_control {
-  std::uint32_t type = 0;
-  std::span<const std::byte> payload;
-  std::uint64_t offset = 0;  // of the section header in the message
-};
-
-template <class F>
-decltype(auto) with_indices(const packer_section& s, F&& f) {
-  if (s.wide) return f(static_cast<const std::uint64_t*>(s.indices));
-  return f(static_cast<const std::uint32_t*>(s.indices));
-}
-
-template <class F>
-decltype(auto) with_values(const packer_section& s, F&& f) {
-  switch (s.source) {
-    case value_encoding::fp16:
-      return f(static_cast<const fp16*>(s.values));
-    case value_encoding::bf16:
-      return f(static_cast<const bf16*>(s.values));
-    case value_encoding::fp32:
-      break;
-  }
-  return f(static_cast<const float*>(s.values));
-}
-
-}  // namespace detail
 
 /// How one section is packed.
 struct section_options {
@@ -574,7 +516,8 @@ class message_packer {
       const auto& s = sections_[job.section];
       std::byte* const payload = m + s.offset + wire::section_header_bytes;
       if (job.bitmap) {
-        task_crcs_[t] = {detail::crc32c_piece::of(write_bitmap_piece(s, payload, job.piece)), {}};
+        task_crcs_[t] = {
+            detail::crc32c_piece::of(detail::write_bitmap_piece(s, payload, job.piece)), {}};
         return;
       }
       const std::uint64_t begin = job.piece * wire::chunk_elements;
@@ -663,24 +606,6 @@ class message_packer {
         break;
     }
     return {};
-  }
-
-  // Writes piece `piece` of a bitmap and returns its bytes.
-  static std::span<const std::byte> write_bitmap_piece(const detail::packer_section& s,
-                                                       std::byte* bitmap, std::uint64_t piece) {
-    const std::uint64_t total = wire::bitmap_bytes(s.dense_size);
-    const std::uint64_t first = piece * detail::bitmap_piece_bytes;
-    const std::uint64_t last = std::min(total, first + detail::bitmap_piece_bytes);
-    std::memset(bitmap + first, 0, static_cast<std::size_t>(last - first));
-    detail::with_indices(s, [&](const auto* idx) {
-      const auto* end = idx + s.count;
-      const auto* it = std::lower_bound(idx, end, first * 8);
-      for (; it != end && static_cast<std::uint64_t>(*it) < last * 8; ++it) {
-        const std::uint64_t x = *it;
-        bitmap[x >> 3] |= static_cast<std::byte>(1u << (x & 7));
-      }
-    });
-    return {bitmap + first, static_cast<std::size_t>(last - first)};
   }
 
   struct task {
