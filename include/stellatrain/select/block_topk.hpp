@@ -473,9 +473,7 @@ class block_topk_selector {
   template <executor Ex, value_type T, index_type Index>
   block_selection_stats select(Ex& ex, std::type_identity_t<std::span<const T>> x, std::uint64_t k,
                                sparse_buffer<T, Index>& out, std::uint64_t index_base = 0) {
-    const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
-    out.reserve(m, {.prefault = true});
-    out.resize(m);
+    detail::resize_for_selection(out, x.size(), k);
     return select(ex, x, k, out.indices(), out.values(), index_base);
   }
 

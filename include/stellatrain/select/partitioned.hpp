@@ -172,12 +172,9 @@ class partitioned_selector {
     const partition_slice s = slice_of(part_, x.size(), k, step);
     const auto slice = x.subspan(s.begin, s.end - s.begin);
     if (state_.slices.size() != part_.parts) state_.slices.resize(part_.parts);
-    return detail::select_spans("partitioned_selector::select", ex, slice, s.k, indices, values,
-                                index_base + s.begin, [&](const auto& src, auto& emit) {
-                                  const selection_context ctx{.step = step, .slice = s.slice};
-                                  return inner_.select_from(ex, state_.slices[s.slice], ws_.get(),
-                                                            src, slice.size(), s.k, ctx, emit);
-                                });
+    return detail::select_into("partitioned_selector::select", inner_, ex, state_.slices[s.slice],
+                               ws_.get(), slice, s.k, indices, values, index_base + s.begin,
+                               {.step = step, .slice = s.slice});
   }
 
  private:

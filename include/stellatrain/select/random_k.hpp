@@ -123,9 +123,7 @@ class random_k_selector {
   selection_stats select(Ex& ex, random_key key, std::type_identity_t<std::span<const T>> x,
                          std::uint64_t k, sparse_buffer<T, Index>& out,
                          std::uint64_t index_base = 0) {
-    const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
-    out.reserve(m, {.prefault = true});
-    out.resize(m);
+    detail::resize_for_selection(out, x.size(), k);
     return select(ex, key, x, k, out.indices(), out.values(), index_base);
   }
 

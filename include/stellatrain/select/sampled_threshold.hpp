@@ -139,22 +139,18 @@ class sampled_threshold_selector {
   selection_stats select(Ex& ex, std::type_identity_t<std::span<const T>> x, std::uint64_t k,
                          std::span<Index> indices, std::span<T> values,
                          std::uint64_t index_base = 0) {
-    return detail::select_spans("sampled_threshold_selector::select", ex, x, k, indices, values,
-                                index_base, [&](const auto& src, auto& emit) {
-                                  tensor_state none;
-                                  return select_from(ex, none, ws_.get(), src, x.size(), k, {},
-                                                     emit);
-                                });
+    tensor_state none;
+    return detail::select_into("sampled_threshold_selector::select", *this, ex, none, ws_.get(), x,
+                               k, indices, values, index_base);
   }
 
   /// As above, into `out` (resized to min(k, n); its capacity grows if too small).
   template <executor Ex, value_type T, index_type Index>
   selection_stats select(Ex& ex, std::type_identity_t<std::span<const T>> x, std::uint64_t k,
                          sparse_buffer<T, Index>& out, std::uint64_t index_base = 0) {
-    const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
-    out.reserve(m, {.prefault = true});
-    out.resize(m);
-    return select(ex, x, k, out.indices(), out.values(), index_base);
+    tensor_state none;
+    return detail::select_into("sampled_threshold_selector::select", *this, ex, none, ws_.get(), x,
+                               k, out, index_base);
   }
 
  private:

@@ -23,6 +23,7 @@
 #include <stellatrain/core/sparse.hpp>
 #include <stellatrain/select/selection_source.hpp>
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <limits>
@@ -76,6 +77,15 @@ void select_all(Ex& ex, std::span<const T> x, std::span<Index> indices, std::spa
   });
 }
 
+// Sizes the output of a selection from n elements to min(k, n) pairs (capacity grown,
+// pre-faulted, if too small): the sparse_buffer interface of every selector.
+template <class T, class Index>
+void resize_for_selection(sparse_buffer<T, Index>& out, std::uint64_t n, std::uint64_t k) {
+  const std::uint64_t m = std::min(k, n);
+  out.reserve(m, {.prefault = true});
+  out.resize(m);
+}
+
 // Scratch a selector keeps for its span interface: a copy of the selector starts with fresh
 // scratch (copying a selector copies its options only).
 template <class T>
@@ -93,26 +103,6 @@ class copy_fresh {
  private:
   T value_{};
 };
-
-// The span interface of a selector on top of its `select_from`: argument checks, k = 0, k >= n
-// (every element), else `run(src, emit)` with a sink that writes (index_base + i, value).
-template <class T, class Index, executor Ex, class Run>
-selection_stats select_spans(const char* who, Ex& ex, std::span<const T> x, std::uint64_t k,
-                             std::span<Index> indices, std::span<T> values,
-                             std::uint64_t index_base, Run&& run) {
-  const std::uint64_t n = x.size();
-  check_selection_args<Index>(who, n, k, indices.size(), values.size(), index_base);
-  if (k == 0 || n == 0) return {};
-  if (k >= n) {
-    select_all(ex, x, indices, values, index_base);
-    return {.count = n, .passes = 1};
-  }
-  auto emit = [&](std::uint64_t pos, std::uint64_t i, std::uint32_t bits) {
-    indices[pos] = static_cast<Index>(index_base + i);
-    values[pos] = value_from_bits<T>(bits);
-  };
-  return run(plain_source<T>{x.data()}, emit);
-}
 
 // The calls of a selector's `select_from` that need no selection: k = 0 (the first pass
 // only) and k >= n (the first pass, then every element). Empty when the call is the selector's.
@@ -162,6 +152,39 @@ namespace detail {
 struct emit_archetype {
   void operator()(std::uint64_t pos, std::uint64_t index, std::uint32_t bits) const;
 };
+
+// The span interface of a selector, on top of its `select_from` with `state` and `ws`:
+// argument checks (errors name `who`), k = 0, k >= n (every element), else `select_from` on
+// the elements of `x` with a sink that writes (index_base + i, value) to the front of
+// `indices` and `values`.
+template <class S, class State, class Workspace, executor Ex, class T, class Index>
+selection_stats select_into(const char* who, const S& selector, Ex& ex, State& state, Workspace& ws,
+                            std::span<const T> x, std::uint64_t k, std::span<Index> indices,
+                            std::span<T> values, std::uint64_t index_base,
+                            const selection_context& ctx = {}) {
+  const std::uint64_t n = x.size();
+  check_selection_args<Index>(who, n, k, indices.size(), values.size(), index_base);
+  if (k == 0 || n == 0) return {};
+  if (k >= n) {
+    select_all(ex, x, indices, values, index_base);
+    return {.count = n, .passes = 1};
+  }
+  auto emit = [&](std::uint64_t pos, std::uint64_t i, std::uint32_t bits) {
+    indices[pos] = static_cast<Index>(index_base + i);
+    values[pos] = value_from_bits<T>(bits);
+  };
+  return selector.select_from(ex, state, ws, plain_source<T>{x.data()}, n, k, ctx, emit);
+}
+
+// The same into `out`, resized to min(k, n) first (its capacity grows if too small).
+template <class S, class State, class Workspace, executor Ex, class T, class Index>
+selection_stats select_into(const char* who, const S& selector, Ex& ex, State& state, Workspace& ws,
+                            std::span<const T> x, std::uint64_t k, sparse_buffer<T, Index>& out,
+                            std::uint64_t index_base, const selection_context& ctx = {}) {
+  resize_for_selection(out, x.size(), k);
+  return select_into(who, selector, ex, state, ws, x, k, out.indices(), out.values(), index_base,
+                     ctx);
+}
 
 }  // namespace detail
 

@@ -280,11 +280,8 @@ class threshold_selector {
   selection_stats select(Ex& ex, threshold_state& state, std::type_identity_t<std::span<const T>> x,
                          std::uint64_t k, std::span<Index> indices, std::span<T> values,
                          std::uint64_t index_base = 0) {
-    return detail::select_spans("threshold_selector::select", ex, x, k, indices, values, index_base,
-                                [&](const auto& src, auto& emit) {
-                                  return select_from(ex, state, ws_.get(), src, x.size(), k, {},
-                                                     emit);
-                                });
+    return detail::select_into("threshold_selector::select", *this, ex, state, ws_.get(), x, k,
+                               indices, values, index_base);
   }
 
   /// As above, into `out` (resized to min(k, n); its capacity grows if too small).
@@ -292,10 +289,8 @@ class threshold_selector {
   selection_stats select(Ex& ex, threshold_state& state, std::type_identity_t<std::span<const T>> x,
                          std::uint64_t k, sparse_buffer<T, Index>& out,
                          std::uint64_t index_base = 0) {
-    const std::uint64_t m = std::min<std::uint64_t>(k, x.size());
-    out.reserve(m, {.prefault = true});
-    out.resize(m);
-    return select(ex, state, x, k, out.indices(), out.values(), index_base);
+    return detail::select_into("threshold_selector::select", *this, ex, state, ws_.get(), x, k, out,
+                               index_base);
   }
 
  private:
