@@ -57,10 +57,13 @@
 #include <stellatrain/transport/concept.hpp>
 #include <stellatrain/transport/group.hpp>
 #include <stellatrain/transport/in_process.hpp>
+#include <stellatrain/transport/in_process_transport.hpp>
+#include <stellatrain/transport/in_process_world.hpp>
 #include <stellatrain/transport/latency_probe.hpp>
 #include <stellatrain/transport/message_buffer.hpp>
 #include <stellatrain/transport/metering.hpp>
 #include <stellatrain/transport/rate_schedule.hpp>
+#include <stellatrain/transport/run_in_process.hpp>
 #include <stellatrain/transport/shaping.hpp>
 
 #include <stellatrain/batch/batch_split.hpp>
