@@ -206,7 +206,7 @@ TEST_CASE("unpack: header fields are checked", "[pack][validation]") {
     put<std::uint32_t>(m, 8, 1 + wire::max_control_sections);
     reseal(m);
     message_unpacker u;
-    expect_error(u, m, errc::invalid_argument,
+    expect_error(u, m, errc::malformed_message,
                  "only 0 tensors are registered (and 16 control sections allowed)");
     message_unpacker one(std::vector<tensor_info>{{4, 4000}});
     expect_error(one, m, errc::malformed_message, "section 1 at byte");
@@ -227,7 +227,7 @@ TEST_CASE("unpack: section headers are checked against the registered tensors",
     reseal(m);
     return m;
   };
-  expect_error(9, 1000, good, errc::invalid_argument, "tensor 4 is not registered");
+  expect_error(9, 1000, good, errc::malformed_message, "tensor 4 is not registered");
   expect_error(4, 999, good, errc::size_mismatch, "tensor size 1000, registered size 999");
   expect_error(4, 1000, edited(hdr + wire::offset_index_encoding, std::uint8_t{0}),
                errc::malformed_message, "unknown index encoding 0");

@@ -279,7 +279,7 @@ class message_unpacker {
           std::lower_bound(registry_.begin(), registry_.end(), w.id,
                            [](const entry& e, std::uint32_t key) { return e.id < key; });
       if (it == registry_.end() || it->id != w.id) {
-        detail::fail_unpack(errc::invalid_argument,
+        detail::fail_unpack(errc::malformed_message,
                             what() + ": tensor " + std::to_string(w.id) + " is not registered");
       }
       if (it->seen == generation_)

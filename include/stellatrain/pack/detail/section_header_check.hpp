@@ -43,7 +43,8 @@ struct wire_section_header {
 };
 
 /// Checks that `count` section headers fit in the message and that the receiver can take them
-/// (`registered` tensors, plus the control sections a message may hold).
+/// (`registered` tensors, plus the control sections a message may hold). Both are faults of
+/// the message, not of the caller, so both are `malformed_message`.
 inline void check_section_count(std::uint64_t count, std::uint64_t message_bytes,
                                 std::uint64_t registered) {
   const std::uint64_t body = message_bytes - wire::message_trailer_bytes;
@@ -52,7 +53,7 @@ inline void check_section_count(std::uint64_t count, std::uint64_t message_bytes
                                              std::to_string(message_bytes) + " bytes");
   }
   if (count > registered + wire::max_control_sections) {
-    fail_unpack(errc::invalid_argument,
+    fail_unpack(errc::malformed_message,
                 std::to_string(count) + " sections, but only " + std::to_string(registered) +
                     " tensors are registered (and " + std::to_string(wire::max_control_sections) +
                     " control sections allowed)");
