@@ -16,6 +16,9 @@
 //   BM_select_threshold_ef_bf16/threads:T  the same sending bf16
 //   BM_select_threshold_ef_rotating/threads:T  the same as _ef on a gradient that repeats
 //                                       every 9 steps (stress case of the persistent bound)
+//   BM_select_chunked/bits:B            chunked_codec, the top 64 of every 4096 with B-bit
+//                                       values and error feedback (decay 0.95), 1 thread;
+//                                       counter bits_per_kept: payload bits per sent element
 //   BM_select_threshold_drift           100 steps of a slowly drifting gradient, 1 thread;
 //                                       counters: slowest / median call (thread CPU time,
 //                                       least of 3 runs of each call from the same state)
@@ -23,6 +26,7 @@
 //                                       row-correlated gradients
 // Inputs are pre-faulted outside the timed loops; bytes processed count the bytes the
 // kernel must stream (the gradient; for error feedback also the residual read and written).
+#include <stellatrain/compress/chunked_codec.hpp>
 #include <stellatrain/compress/error_feedback.hpp>
 #include <stellatrain/core/detail/xsimd_compat.hpp>
 #include <stellatrain/select/block_topk.hpp>
@@ -42,6 +46,7 @@
 #include <cstdint>
 #include <ctime>
 #include <random>
+#include <span>
 #include <vector>
 
 namespace sb = stellatrain::bench;
@@ -122,6 +127,26 @@ void BM_select_stream_read(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_bytes(state, n * sizeof(float));
+}
+
+void BM_select_chunked(benchmark::State& state) {
+  const auto bits = static_cast<chunk_value_bits>(state.range(0));
+  const auto& g = gradient();
+  static auto feedback = sb::prefaulted<float>(n);
+  std::fill(feedback.data(), feedback.data() + n, 0.0f);
+  chunked_codec codec({.chunk_bits = 12, .k = 64, .bits = bits, .decay = 0.95f});
+  chunked_selection out;
+  const std::span<const float> in(g.data(), n);
+  const std::span<float> f(feedback.data(), n);
+  codec.encode(in, f, out);  // sizes the output outside the timed loop
+  for (auto _ : state) {
+    codec.encode(in, f, out);
+    benchmark::DoNotOptimize(out.codes.data());
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, n * sizeof(float));
+  state.counters["bits_per_kept"] =
+      static_cast<double>(out.payload_bits()) / static_cast<double>(out.indices.size());
 }
 
 void BM_select_read2_write1(benchmark::State& state) {
@@ -462,6 +487,12 @@ BENCHMARK(BM_select_block)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_select_random_k)->Apply(threads_arg);
+BENCHMARK(BM_select_chunked)
+    ->ArgName("bits")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_select_partitioned)->Apply(threads_arg);
 BENCHMARK(BM_select_threshold_ef)->Apply(threads_arg);
 BENCHMARK(BM_select_threshold_ef_bf16)->Apply(threads_arg);

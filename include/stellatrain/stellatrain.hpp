@@ -32,6 +32,7 @@
 #include <stellatrain/select/topk_cuda_options.hpp>
 #include <stellatrain/select/topk_threshold_state.hpp>
 
+#include <stellatrain/compress/chunked_codec.hpp>
 #include <stellatrain/compress/compressor.hpp>
 #include <stellatrain/compress/error_feedback.hpp>
 

@@ -1,0 +1,409 @@
+// SPDX-License-Identifier: Apache-2.0
+// The chunked low-bit codec: the top k of every fixed chunk of 2^b elements, chunk-local
+// indices of b bits, values as 2-bit codes or 1-bit signs scaled per chunk, and error
+// feedback of everything not sent, the quantisation error included (with an optional decay).
+// The encoding of SparseLoCo-style and DisTrO-style exchanges; its wire section comes next.
+#pragma once
+
+#include <stellatrain/config.hpp>
+#include <stellatrain/core/detail/simd_lanes.hpp>
+#include <stellatrain/core/error.hpp>
+#include <stellatrain/core/float16.hpp>
+
+#include <xsimd/xsimd.hpp>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace stellatrain {
+
+/// The bits of one sent value.
+enum class chunk_value_bits : std::uint8_t {
+  /// The sign, with one scale per chunk: the mean magnitude of the chunk's sent values (the
+  /// scale that minimises the squared error of sign(v) * s).
+  one = 1,
+  /// The sign and one magnitude bit, with two scales per chunk, low and high: the sent
+  /// magnitudes split at the midpoint of their range, each half reconstructed as its mean.
+  /// That is one Lloyd iteration from uniform levels: given the split, the means minimise the
+  /// squared error, and unlike levels fixed by a standard deviation (SparseLoCo's) they need
+  /// no clamping, since they always lie inside the range of what is sent.
+  two = 2,
+};
+
+/// Options of `chunked_codec`.
+struct chunked_codec_options {
+  /// b: a chunk holds 2^b elements, 1 <= b <= 16 (the last chunk may be shorter).
+  unsigned chunk_bits = 12;
+  /// Elements sent per chunk, 1 <= k <= 2^b (a shorter last chunk sends all it has if fewer).
+  std::uint32_t k = 64;
+  chunk_value_bits bits = chunk_value_bits::two;
+  /// The error feedback's decay beta, 0 < beta <= 1: feedback = beta * feedback + g before
+  /// each selection (SparseLoCo uses 0.95; 1 keeps everything).
+  float decay = 1.0f;
+};
+
+/// One tensor's encoded selection, as `chunked_codec::encode` writes it.
+struct chunked_selection {
+  std::uint64_t size = 0;   ///< elements of the tensor
+  unsigned chunk_bits = 0;  ///< b
+  std::uint32_t k = 0;      ///< elements sent per full chunk
+  chunk_value_bits bits = chunk_value_bits::two;
+  /// Chunk-local indices, ascending within each chunk, chunk after chunk (`kept(c)` each).
+  std::vector<std::uint16_t> indices;
+  /// One code per sent element in the order of `indices`, packed from the lowest bit of each
+  /// byte: bit 0 the sign (1: negative), bit 1 (two-bit codes) the high magnitude.
+  std::vector<std::uint8_t> codes;
+  /// Per chunk: the scale (one-bit codes), or the low and the high magnitude (two-bit codes).
+  std::vector<bf16> scales;
+
+  [[nodiscard]] std::uint64_t chunk_elements() const noexcept {
+    return std::uint64_t{1} << chunk_bits;
+  }
+  [[nodiscard]] std::uint64_t chunks() const noexcept {
+    return chunk_bits == 0 ? 0 : (size + chunk_elements() - 1) >> chunk_bits;
+  }
+  /// Elements sent by chunk `c`.
+  [[nodiscard]] std::uint64_t kept(std::uint64_t c) const noexcept {
+    return std::min<std::uint64_t>(k, std::min(chunk_elements(), size - (c << chunk_bits)));
+  }
+  [[nodiscard]] unsigned scales_per_chunk() const noexcept {
+    return bits == chunk_value_bits::two ? 2 : 1;
+  }
+  /// The payload in bits once packed: b bits per index, the codes, 16 bits per scale.
+  [[nodiscard]] std::uint64_t payload_bits() const noexcept {
+    return indices.size() * (chunk_bits + static_cast<unsigned>(bits)) + scales.size() * 16;
+  }
+};
+
+/// Encodes a tensor with error feedback; decodes (adds) a selection into a dense tensor.
+///
+/// `encode(g, feedback, out)`: feedback = decay * feedback + g; in every chunk the k elements
+/// of largest magnitude are chosen (ties go to the lower index, so every rank chooses alike);
+/// their values are quantised and written to `out`; each chosen element's feedback becomes
+/// what the receiver will not see (its value minus the dequantised one). A non-finite value
+/// ranks above every finite one, makes its chunk's scales non-finite (sent as they are, as
+/// `error_feedback_compressor` sends a non-finite value) and the feedback of every element
+/// sent with a non-finite value is cleared, so that one overflow does not repeat forever.
+/// A codec holds a workspace (kept between calls, 10 bytes per chunk element): one per thread.
+class chunked_codec {
+ public:
+  explicit chunked_codec(const chunked_codec_options& options = {}) : options_(options) {
+    if (options.chunk_bits < 1 || options.chunk_bits > 16) {
+      throw_error(errc::invalid_argument, "chunked_codec: chunk_bits must be in [1, 16], got " +
+                                              std::to_string(options.chunk_bits));
+    }
+    if (options.k < 1 || options.k > (std::uint64_t{1} << options.chunk_bits)) {
+      throw_error(errc::invalid_argument,
+                  "chunked_codec: k must be in [1, 2^chunk_bits = " +
+                      std::to_string(std::uint64_t{1} << options.chunk_bits) + "], got " +
+                      std::to_string(options.k));
+    }
+    if (options.bits != chunk_value_bits::one && options.bits != chunk_value_bits::two) {
+      throw_error(errc::invalid_argument, "chunked_codec: bits must be one or two");
+    }
+    if (!(options.decay > 0.0f && options.decay <= 1.0f)) {
+      throw_error(errc::invalid_argument,
+                  "chunked_codec: decay must be in (0, 1], got " + std::to_string(options.decay));
+    }
+    keys_.resize(std::size_t{1} << options.chunk_bits);
+    candidate_index_.resize(keys_.size() + 16);  // the filter stores 4 lanes at a time
+    candidates_.reserve(keys_.size());
+  }
+
+  [[nodiscard]] const chunked_codec_options& options() const noexcept { return options_; }
+
+  /// Adds `g` into `feedback` (after the decay), selects, quantises into `out` and leaves in
+  /// `feedback` what was not sent. Throws `invalid_argument` if the sizes differ.
+  void encode(std::span<const float> g, std::span<float> feedback, chunked_selection& out) {
+    if (g.size() != feedback.size()) {
+      throw_error(errc::invalid_argument, "chunked_codec::encode: gradient of " +
+                                              std::to_string(g.size()) + " elements, feedback of " +
+                                              std::to_string(feedback.size()));
+    }
+    const unsigned b = options_.chunk_bits;
+    out.size = g.size();
+    out.chunk_bits = b;
+    out.k = options_.k;
+    out.bits = options_.bits;
+    const std::uint64_t chunks = out.chunks();
+    std::uint64_t total = 0;
+    for (std::uint64_t c = 0; c < chunks; ++c) total += out.kept(c);
+    out.indices.resize(total);
+    out.codes.assign((total * static_cast<unsigned>(options_.bits) + 7) / 8, 0);
+    out.scales.resize(chunks * out.scales_per_chunk());
+
+    std::uint64_t written = 0;
+    for (std::uint64_t c = 0; c < chunks; ++c) {
+      const std::uint64_t begin = c << b;
+      const std::uint64_t len = std::min<std::uint64_t>(std::uint64_t{1} << b, g.size() - begin);
+      float* f = feedback.data() + begin;
+      accumulate(g.data() + begin, f, len);
+      const std::uint64_t kept = out.kept(c);
+      select(len, kept, out.indices.data() + written);
+      quantise(f, out, c, written, kept);
+      written += kept;
+    }
+  }
+
+  /// out[i] += weight * the dequantised value of every element `sel` holds. Throws
+  /// `invalid_argument` for a selection whose parts disagree or an `out` of another size, and
+  /// `out_of_range` for an index outside its chunk or not ascending; nothing is written then.
+  static void decode_add(const chunked_selection& sel, std::span<float> out, float weight = 1.0f) {
+    check(sel, out.size());
+    const unsigned per = sel.scales_per_chunk();
+    std::uint64_t j = 0;
+    for (std::uint64_t c = 0; c < sel.chunks(); ++c) {
+      float* chunk = out.data() + (c << sel.chunk_bits);
+      const float s0 = sel.scales[c * per].to_float();
+      const float s1 = sel.scales[c * per + per - 1].to_float();
+      for (std::uint64_t e = j + sel.kept(c); j < e; ++j) {
+        chunk[sel.indices[j]] += weight * dequantise(code_of(sel, j), sel.bits, s0, s1);
+      }
+    }
+  }
+
+ private:
+  // The value the receiver reconstructs from `code` (`low`/`high` equal for one-bit codes).
+  static float dequantise(unsigned code, chunk_value_bits bits, float low, float high) noexcept {
+    const float m = (bits == chunk_value_bits::two && (code & 2u)) ? high : low;
+    return (code & 1u) ? -m : m;
+  }
+
+  static unsigned code_of(const chunked_selection& sel, std::uint64_t j) noexcept {
+    const unsigned w = static_cast<unsigned>(sel.bits);
+    const std::uint64_t bit = j * w;
+    return (sel.codes[bit >> 3] >> (bit & 7)) & ((1u << w) - 1);
+  }
+
+  static void check(const chunked_selection& sel, std::uint64_t out_size) {
+    const auto fail = [](errc code, const std::string& what) {
+      throw_error(code, "chunked_codec::decode_add: " + what);
+    };
+    if (sel.size != out_size) {
+      fail(errc::invalid_argument, "selection of " + std::to_string(sel.size) +
+                                       " elements, output of " + std::to_string(out_size));
+    }
+    if (sel.chunk_bits < 1 || sel.chunk_bits > 16 || sel.k < 1 || sel.k > sel.chunk_elements() ||
+        (sel.bits != chunk_value_bits::one && sel.bits != chunk_value_bits::two)) {
+      fail(errc::invalid_argument, "chunk_bits, k or bits outside their ranges");
+    }
+    std::uint64_t total = 0;
+    for (std::uint64_t c = 0; c < sel.chunks(); ++c) total += sel.kept(c);
+    if (sel.indices.size() != total ||
+        sel.codes.size() != (total * static_cast<unsigned>(sel.bits) + 7) / 8 ||
+        sel.scales.size() != sel.chunks() * sel.scales_per_chunk()) {
+      fail(errc::invalid_argument, "indices, codes or scales do not match the chunks");
+    }
+    std::uint64_t j = 0;
+    for (std::uint64_t c = 0; c < sel.chunks(); ++c) {
+      const std::uint64_t len = std::min(sel.chunk_elements(), sel.size - (c << sel.chunk_bits));
+      std::int64_t last = -1;
+      for (std::uint64_t e = j + sel.kept(c); j < e; ++j) {
+        if (sel.indices[j] >= len || static_cast<std::int64_t>(sel.indices[j]) <= last) {
+          fail(errc::out_of_range, "chunk " + std::to_string(c) + ": index " +
+                                       std::to_string(sel.indices[j]) +
+                                       " is outside the chunk or not ascending");
+        }
+        last = sel.indices[j];
+      }
+    }
+  }
+
+  // feedback = decay * feedback + g over one chunk, and the magnitude keys: the bits of |x|,
+  // which order as the magnitudes do (a NaN above infinity above every finite value).
+  void accumulate(const float* g, float* f, std::uint64_t len) noexcept {
+    const float decay = options_.decay;
+    std::uint32_t* keys = keys_.data();
+    if (decay == 1.0f) {
+      for (std::uint64_t i = 0; i < len; ++i) {
+        f[i] += g[i];
+        keys[i] = std::bit_cast<std::uint32_t>(f[i]) & 0x7fffffffu;
+      }
+    } else {
+      for (std::uint64_t i = 0; i < len; ++i) {
+        f[i] = decay * f[i] + g[i];
+        keys[i] = std::bit_cast<std::uint32_t>(f[i]) & 0x7fffffffu;
+      }
+    }
+  }
+
+  // The chunk-local indices of the `kept` largest keys, ties to the lower index, ascending.
+  // The candidates are the keys at or above an estimate of the kept-th key, the previous
+  // chunk's kept-th key lowered by a margin: neighbouring chunks of one tensor have alike
+  // statistics, so one branch-free pass over the chunk usually leaves a few
+  // times k candidates, among which the k-th key is found exactly. With no estimate, or one
+  // that leaves fewer than k or too many, the k-th key is searched over the whole chunk.
+  void select(std::uint64_t len, std::uint64_t kept, std::uint16_t* indices) {
+    if (kept == len) {
+      for (std::uint64_t i = 0; i < len; ++i) indices[i] = static_cast<std::uint16_t>(i);
+      return;
+    }
+    const std::uint32_t* keys = keys_.data();
+    std::uint16_t* cand = candidate_index_.data();
+    const std::uint64_t most = std::max<std::uint64_t>(8 * kept, 256);
+    std::uint64_t n = estimate_ != 0 ? filter(len, estimate_, cand) : 0;
+    const std::uint64_t estimated = n;
+    std::uint32_t t = 0;
+    if (n < kept || n > most) {
+      t = kth_key(len, kept);
+      n = filter(len, t, cand);
+    } else {
+      candidates_.resize(n);
+      for (std::uint64_t j = 0; j < n; ++j) candidates_[j] = keys[cand[j]];
+      std::nth_element(candidates_.begin(),
+                       candidates_.begin() + static_cast<std::ptrdiff_t>(kept - 1),
+                       candidates_.end(), std::greater<>{});
+      t = candidates_[kept - 1];
+    }
+    // The margin follows the chunks: wider after an estimate that left fewer than k, narrower
+    // after one that left more than four times k (a 2^20 margin is an eighth of an octave).
+    if (estimate_ != 0 && estimated < kept) {
+      margin_ = std::min<std::uint32_t>(margin_ << 1, std::uint32_t{1} << 23);
+    } else if (estimated > 4 * kept) {
+      margin_ = std::max<std::uint32_t>(margin_ >> 1, std::uint32_t{1} << 16);
+    }
+    estimate_ = t > margin_ ? t - margin_ : 0;
+    // Every key above t is taken; of the keys equal to t, the first ones up to k.
+    std::uint64_t above = 0;
+    for (std::uint64_t j = 0; j < n; ++j) above += keys[cand[j]] > t;
+    std::uint64_t ties = kept - above;
+    std::uint64_t m = 0;
+    for (std::uint64_t j = 0; j < n; ++j) {
+      const std::uint32_t key = keys[cand[j]];
+      if (key > t || (key == t && ties > 0)) {
+        ties -= key == t;
+        indices[m++] = cand[j];
+      }
+    }
+  }
+
+  // The indices of the keys at or above `t`, ascending, into `cand` (room for `len` + 16).
+  // Branch-free: per four lanes, the set lanes' offsets come from a table of 16 entries and
+  // are stored as one 8-byte word (a candidate passes at random, so a branch on it would
+  // mispredict often); the count moves on by the number of set lanes.
+  std::uint64_t filter(std::uint64_t len, std::uint32_t t, std::uint16_t* cand) const noexcept {
+    using ops = detail::lane_ops<xsimd::default_arch>;
+    static_assert(ops::width % 4 == 0);
+    static constexpr auto lanes = [] {
+      std::array<std::uint64_t, 16> table{};
+      for (unsigned m = 0; m < 16; ++m) {
+        for (unsigned l = 0, n = 0; l < 4; ++l) {
+          if (m & (1u << l)) table[m] |= std::uint64_t{l} << (16 * n++);
+        }
+      }
+      return table;
+    }();
+    const std::uint32_t* keys = keys_.data();
+    const typename ops::ibatch bound(static_cast<std::int32_t>(t));  // keys are below 2^31
+    const std::uint64_t body = len - len % ops::width;
+    std::uint64_t n = 0;
+    std::uint64_t i = 0;
+    for (; i < body; i += ops::width) {
+      const std::uint32_t m = ops::mask_bits(ops::load_words(keys + i) >= bound);
+      for (unsigned q = 0; q < ops::width; q += 4) {
+        const unsigned nibble = (m >> q) & 15u;
+        const std::uint64_t at = lanes[nibble] + (i + q) * 0x0001000100010001ull;
+        std::memcpy(cand + n, &at, sizeof at);
+        n += (0x4332322132212110ull >> (4 * nibble)) & 15u;  // popcount, without POPCNT
+      }
+    }
+    for (; i < len; ++i) {
+      cand[n] = static_cast<std::uint16_t>(i);
+      n += keys[i] >= t;
+    }
+    return n;
+  }
+
+  // The kept-th largest key of the chunk: a histogram of the top 11 bits walked down from the
+  // largest key's bin, then the candidates of the bin that holds it, in order.
+  std::uint32_t kth_key(std::uint64_t len, std::uint64_t kept) {
+    const std::uint32_t* keys = keys_.data();
+    std::fill(std::begin(hist_), std::end(hist_), 0u);
+    std::uint32_t top = 0;
+    for (std::uint64_t i = 0; i < len; ++i) {
+      ++hist_[keys[i] >> 20];
+      top = std::max(top, keys[i]);
+    }
+    std::uint64_t need = kept;
+    std::uint32_t bin = top >> 20;
+    while (hist_[bin] < need) need -= hist_[bin--];
+    candidates_.clear();
+    for (std::uint64_t i = 0; i < len; ++i) {
+      if ((keys[i] >> 20) == bin) candidates_.push_back(keys[i]);
+    }
+    std::nth_element(candidates_.begin(),
+                     candidates_.begin() + static_cast<std::ptrdiff_t>(need - 1), candidates_.end(),
+                     std::greater<>{});
+    return candidates_[need - 1];
+  }
+
+  // The codes and scales of chunk `c`, and the feedback of its sent elements.
+  void quantise(float* f, chunked_selection& out, std::uint64_t c, std::uint64_t first,
+                std::uint64_t kept) noexcept {
+    const std::uint16_t* idx = out.indices.data() + first;
+    const unsigned per = out.scales_per_chunk();
+    float lo = 0.0f;
+    float hi = 0.0f;
+    float split = 0.0f;
+    if (out.bits == chunk_value_bits::one) {
+      double sum = 0;
+      for (std::uint64_t j = 0; j < kept; ++j) sum += std::fabs(f[idx[j]]);
+      lo = hi = bf16(static_cast<float>(sum / static_cast<double>(kept))).to_float();
+      out.scales[c] = bf16(lo);
+    } else {
+      float mn = std::fabs(f[idx[0]]);
+      float mx = mn;
+      for (std::uint64_t j = 1; j < kept; ++j) {
+        const float m = std::fabs(f[idx[j]]);
+        mn = std::min(mn, m);
+        mx = std::max(mx, m);
+      }
+      split = mn + (mx - mn) * 0.5f;
+      double sum_lo = 0, sum_hi = 0;
+      std::uint64_t n_hi = 0;
+      for (std::uint64_t j = 0; j < kept; ++j) {
+        const float m = std::fabs(f[idx[j]]);
+        const bool high = m > split;
+        (high ? sum_hi : sum_lo) += m;
+        n_hi += high;
+      }
+      const std::uint64_t n_lo = kept - n_hi;
+      // n_lo >= 1: the smallest magnitude is never above the split (a NaN makes every
+      // comparison false, so it lands in the low half and makes that scale a NaN).
+      lo = bf16(static_cast<float>(sum_lo / static_cast<double>(n_lo))).to_float();
+      hi = n_hi ? bf16(static_cast<float>(sum_hi / static_cast<double>(n_hi))).to_float() : lo;
+      out.scales[c * per] = bf16(lo);
+      out.scales[c * per + 1] = bf16(hi);
+    }
+    const unsigned w = static_cast<unsigned>(out.bits);
+    for (std::uint64_t j = 0; j < kept; ++j) {
+      float& x = f[idx[j]];
+      const unsigned code = (std::signbit(x) ? 1u : 0u) |
+                            ((out.bits == chunk_value_bits::two && std::fabs(x) > split) ? 2u : 0u);
+      const std::uint64_t bit = (first + j) * w;
+      out.codes[bit >> 3] |= static_cast<std::uint8_t>(code << (bit & 7));
+      const float sent = dequantise(code, out.bits, lo, hi);
+      x = std::isfinite(x) && std::isfinite(sent) ? x - sent : 0.0f;
+    }
+  }
+
+  chunked_codec_options options_;
+  std::vector<std::uint32_t> keys_;
+  std::vector<std::uint16_t> candidate_index_;
+  std::vector<std::uint32_t> candidates_;
+  std::uint32_t estimate_ = 0;  // a key at most the next chunk's k-th, probably (0: none)
+  std::uint32_t margin_ = std::uint32_t{1} << 20;
+  std::uint32_t hist_[2048] = {};
+};
+
+}  // namespace stellatrain
