@@ -147,9 +147,9 @@ class chunked_codec {
       const std::uint64_t begin = c << b;
       const std::uint64_t len = std::min<std::uint64_t>(std::uint64_t{1} << b, g.size() - begin);
       float* f = feedback.data() + begin;
-      accumulate(g.data() + begin, f, len);
+      const std::uint64_t estimated = accumulate(g.data() + begin, f, len);
       const std::uint64_t kept = out.kept(c);
-      select(len, kept, out.indices.data() + written);
+      select(len, kept, estimated, out.indices.data() + written);
       quantise(f, out, c, written, kept);
       written += kept;
     }
@@ -219,22 +219,37 @@ class chunked_codec {
     }
   }
 
-  // feedback = decay * feedback + g over one chunk, and the magnitude keys: the bits of |x|,
-  // which order as the magnitudes do (a NaN above infinity above every finite value).
-  void accumulate(const float* g, float* f, std::uint64_t len) noexcept {
+  // feedback = decay * feedback + g over one chunk, the magnitude keys (the bits of |x|, which
+  // order as the magnitudes do: a NaN above infinity above every finite value), and in the
+  // same pass the candidates at or above the estimate (their count; see `select`).
+  std::uint64_t accumulate(const float* g, float* f, std::uint64_t len) noexcept {
+    using ops = detail::lane_ops<xsimd::default_arch>;
+    using fbatch = typename ops::fbatch;
+    using ibatch = typename ops::ibatch;
     const float decay = options_.decay;
     std::uint32_t* keys = keys_.data();
-    if (decay == 1.0f) {
-      for (std::uint64_t i = 0; i < len; ++i) {
-        f[i] += g[i];
-        keys[i] = std::bit_cast<std::uint32_t>(f[i]) & 0x7fffffffu;
-      }
-    } else {
-      for (std::uint64_t i = 0; i < len; ++i) {
-        f[i] = decay * f[i] + g[i];
-        keys[i] = std::bit_cast<std::uint32_t>(f[i]) & 0x7fffffffu;
-      }
+    std::uint16_t* cand = candidate_index_.data();
+    const ibatch bound(static_cast<std::int32_t>(estimate_));  // keys are below 2^31
+    const ibatch magnitude(0x7fffffff);
+    const fbatch d(decay);
+    const std::uint64_t body = len - len % ops::width;
+    std::uint64_t n = 0;
+    for (std::uint64_t i = 0; i < body; i += ops::width) {
+      fbatch x = fbatch::load_unaligned(f + i);
+      const fbatch y = fbatch::load_unaligned(g + i);
+      x = decay == 1.0f ? x + y : d * x + y;
+      x.store_unaligned(f + i);
+      const ibatch k = detail::bitcast_lanes<std::int32_t>(x) & magnitude;
+      k.store_unaligned(reinterpret_cast<std::int32_t*>(keys + i));
+      n = gather(ops::mask_bits(k >= bound), i, ops::width, cand, n);
     }
+    for (std::uint64_t i = body; i < len; ++i) {
+      f[i] = decay == 1.0f ? f[i] + g[i] : decay * f[i] + g[i];
+      keys[i] = std::bit_cast<std::uint32_t>(f[i]) & 0x7fffffffu;
+      cand[n] = static_cast<std::uint16_t>(i);
+      n += keys[i] >= estimate_;
+    }
+    return n;
   }
 
   // The chunk-local indices of the `kept` largest keys, ties to the lower index, ascending.
@@ -243,7 +258,8 @@ class chunked_codec {
   // statistics, so one branch-free pass over the chunk usually leaves a few
   // times k candidates, among which the k-th key is found exactly. With no estimate, or one
   // that leaves fewer than k or too many, the k-th key is searched over the whole chunk.
-  void select(std::uint64_t len, std::uint64_t kept, std::uint16_t* indices) {
+  void select(std::uint64_t len, std::uint64_t kept, std::uint64_t estimated,
+              std::uint16_t* indices) {
     if (kept == len) {
       for (std::uint64_t i = 0; i < len; ++i) indices[i] = static_cast<std::uint16_t>(i);
       return;
@@ -251,8 +267,8 @@ class chunked_codec {
     const std::uint32_t* keys = keys_.data();
     std::uint16_t* cand = candidate_index_.data();
     const std::uint64_t most = std::max<std::uint64_t>(8 * kept, 256);
-    std::uint64_t n = estimate_ != 0 ? filter(len, estimate_, cand) : 0;
-    const std::uint64_t estimated = n;
+    if (estimate_ == 0) estimated = 0;
+    std::uint64_t n = estimated;
     std::uint32_t t = 0;
     if (n < kept || n > most) {
       t = kth_key(len, kept);
@@ -287,35 +303,40 @@ class chunked_codec {
     }
   }
 
-  // The indices of the keys at or above `t`, ascending, into `cand` (room for `len` + 16).
-  // Branch-free: per four lanes, the set lanes' offsets come from a table of 16 entries and
-  // are stored as one 8-byte word (a candidate passes at random, so a branch on it would
-  // mispredict often); the count moves on by the number of set lanes.
-  std::uint64_t filter(std::uint64_t len, std::uint32_t t, std::uint16_t* cand) const noexcept {
-    using ops = detail::lane_ops<xsimd::default_arch>;
-    static_assert(ops::width % 4 == 0);
+  // Appends to `cand[n...]` the indices `i + l` of the set bits l of `mask` (`width` bits, a
+  // multiple of 4) and returns the new count. Branch-free: per four lanes, the set lanes'
+  // offsets come from a table of 16 entries and are stored as one 8-byte word (a candidate
+  // passes at random, so a branch on it would mispredict often); `cand` needs 4 spare slots.
+  static std::uint64_t gather(std::uint32_t mask, std::uint64_t i, std::uint64_t width,
+                              std::uint16_t* cand, std::uint64_t n) noexcept {
     static constexpr auto lanes = [] {
       std::array<std::uint64_t, 16> table{};
       for (unsigned m = 0; m < 16; ++m) {
-        for (unsigned l = 0, n = 0; l < 4; ++l) {
-          if (m & (1u << l)) table[m] |= std::uint64_t{l} << (16 * n++);
+        for (unsigned l = 0, c = 0; l < 4; ++l) {
+          if (m & (1u << l)) table[m] |= std::uint64_t{l} << (16 * c++);
         }
       }
       return table;
     }();
+    for (unsigned q = 0; q < width; q += 4) {
+      const unsigned nibble = (mask >> q) & 15u;
+      const std::uint64_t at = lanes[nibble] + (i + q) * 0x0001000100010001ull;
+      std::memcpy(cand + n, &at, sizeof at);
+      n += (0x4332322132212110ull >> (4 * nibble)) & 15u;  // popcount, without POPCNT
+    }
+    return n;
+  }
+
+  // The indices of the keys at or above `t`, ascending, into `cand` (room for `len` + 16).
+  std::uint64_t filter(std::uint64_t len, std::uint32_t t, std::uint16_t* cand) const noexcept {
+    using ops = detail::lane_ops<xsimd::default_arch>;
     const std::uint32_t* keys = keys_.data();
     const typename ops::ibatch bound(static_cast<std::int32_t>(t));  // keys are below 2^31
     const std::uint64_t body = len - len % ops::width;
     std::uint64_t n = 0;
     std::uint64_t i = 0;
     for (; i < body; i += ops::width) {
-      const std::uint32_t m = ops::mask_bits(ops::load_words(keys + i) >= bound);
-      for (unsigned q = 0; q < ops::width; q += 4) {
-        const unsigned nibble = (m >> q) & 15u;
-        const std::uint64_t at = lanes[nibble] + (i + q) * 0x0001000100010001ull;
-        std::memcpy(cand + n, &at, sizeof at);
-        n += (0x4332322132212110ull >> (4 * nibble)) & 15u;  // popcount, without POPCNT
-      }
+      n = gather(ops::mask_bits(ops::load_words(keys + i) >= bound), i, ops::width, cand, n);
     }
     for (; i < len; ++i) {
       cand[n] = static_cast<std::uint16_t>(i);
