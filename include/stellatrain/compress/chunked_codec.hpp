@@ -253,11 +253,11 @@ class chunked_codec {
   }
 
   // The chunk-local indices of the `kept` largest keys, ties to the lower index, ascending.
-  // The candidates are the keys at or above an estimate of the kept-th key, the previous
-  // chunk's kept-th key lowered by a margin: neighbouring chunks of one tensor have alike
-  // statistics, so one branch-free pass over the chunk usually leaves a few
-  // times k candidates, among which the k-th key is found exactly. With no estimate, or one
-  // that leaves fewer than k or too many, the k-th key is searched over the whole chunk.
+  // The `estimated` candidates (gathered by `accumulate`) are the keys at or above an
+  // estimate of the kept-th key, the previous chunk's kept-th key lowered by a margin:
+  // neighbouring chunks of one tensor have alike statistics, so they are usually a few times
+  // k, among which the k-th key is found exactly. With no estimate, or one that left fewer
+  // than k or too many, the k-th key is searched over the whole chunk.
   void select(std::uint64_t len, std::uint64_t kept, std::uint64_t estimated,
               std::uint16_t* indices) {
     if (kept == len) {
