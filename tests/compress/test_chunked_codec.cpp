@@ -2,6 +2,7 @@
 #include <stellatrain/compress/chunked_codec.hpp>
 
 #include "catch.hpp"
+#include "compress_test_support.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -13,16 +14,9 @@
 #include <vector>
 
 using namespace stellatrain;
+using test::gaussian;
 
 namespace {
-
-std::vector<float> gaussian(std::uint64_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> x(n);
-  for (auto& v : x) v = dist(rng);
-  return x;
-}
 
 // Small integers: many equal magnitudes, so the tie rule decides.
 std::vector<float> ties(std::uint64_t n, std::uint64_t seed) {

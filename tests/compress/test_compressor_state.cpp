@@ -5,6 +5,7 @@
 #include <stellatrain/select/runtime_selector.hpp>
 
 #include "catch.hpp"
+#include "compress_test_support.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -15,14 +16,6 @@
 using namespace stellatrain;
 
 namespace {
-
-std::vector<float> gradient(std::uint64_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> x(n);
-  for (auto& v : x) v = dist(rng);
-  return x;
-}
 
 // A conforming compressor with nothing inside (the concept's documentation example).
 struct send_all {
@@ -87,8 +80,8 @@ TEST_CASE("a restored compressor continues exactly as the uninterrupted one", "[
     a.add_tensor(ex, 4, n / 3);
     sparse_buffer<bf16> out;
     for (std::uint64_t step = 0; step < 7; ++step) {
-      a.compress(ex, 9, gradient(n, step), n / 100, out);
-      a.compress(ex, 4, gradient(n / 3, 50 + step), n / 300, out);
+      a.compress(ex, 9, test::gaussian(n, step), n / 100, out);
+      a.compress(ex, 4, test::gaussian(n / 3, 50 + step), n / 300, out);
     }
     const std::vector<std::byte> saved = a.save_state();
     compressor_type b(sel, options);
@@ -97,7 +90,7 @@ TEST_CASE("a restored compressor continues exactly as the uninterrupted one", "[
     REQUIRE(b.step(9) == 7);
     sparse_buffer<bf16> oa, ob;
     for (std::uint64_t step = 7; step < 12; ++step) {
-      const auto g = gradient(n, step);
+      const auto g = test::gaussian(n, step);
       a.compress(ex, 9, g, n / 100, oa);
       b.compress(ex, 9, g, n / 100, ob);
       REQUIRE(std::equal(oa.indices().begin(), oa.indices().end(), ob.indices().begin(),
@@ -130,7 +123,7 @@ TEST_CASE("load_state rejects malformed or foreign state", "[compress][state]") 
   threshold_ef a(threshold);
   a.add_tensor(ex, 1, 1000);
   sparse_buffer<float> out;
-  a.compress(ex, 1, gradient(1000, 1), 10, out);
+  a.compress(ex, 1, test::gaussian(1000, 1), 10, out);
   const auto saved = a.save_state();
   auto code_of = [&](auto&& make, std::span<const std::byte> bytes) {
     auto c = make();

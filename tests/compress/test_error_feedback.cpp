@@ -7,6 +7,7 @@
 #include <stellatrain/select/runtime_selector.hpp>
 
 #include "catch.hpp"
+#include "compress_test_support.hpp"
 #include "selection_oracle.hpp"
 
 #include <xsimd/xsimd.hpp>
@@ -22,14 +23,6 @@ using namespace stellatrain;
 using namespace stellatrain::test;
 
 namespace {
-
-std::vector<float> gaussian(std::uint64_t n, std::uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> x(n);
-  for (auto& v : x) v = dist(rng);
-  return x;
-}
 
 constexpr selection_method all_methods[] = {
     selection_method::exact_topk, selection_method::threshold, selection_method::sampled_threshold,

@@ -13,12 +13,10 @@
 #include <xsimd/xsimd.hpp>
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <iterator>
 #include <span>
@@ -94,7 +92,7 @@ struct chunked_selection {
 /// ranks above every finite one, makes its chunk's scales non-finite (sent as they are, as
 /// `error_feedback_compressor` sends a non-finite value) and the feedback of every element
 /// sent with a non-finite value is cleared, so that one overflow does not repeat forever.
-/// A codec holds a workspace (kept between calls, 10 bytes per chunk element): one per thread.
+/// A codec holds a workspace (kept between calls, 12 bytes per chunk element): one per thread.
 class chunked_codec {
  public:
   explicit chunked_codec(const chunked_codec_options& options = {}) : options_(options) {
@@ -116,7 +114,7 @@ class chunked_codec {
                   "chunked_codec: decay must be in (0, 1], got " + std::to_string(options.decay));
     }
     keys_.resize(std::size_t{1} << options.chunk_bits);
-    candidate_index_.resize(keys_.size() + 16);  // the filter stores 4 lanes at a time
+    candidate_index_.resize(keys_.size() + 16);  // compress may store a vector's width
     candidates_.reserve(keys_.size());
   }
 
@@ -228,7 +226,7 @@ class chunked_codec {
     using ibatch = typename ops::ibatch;
     const float decay = options_.decay;
     std::uint32_t* keys = keys_.data();
-    std::uint16_t* cand = candidate_index_.data();
+    std::uint32_t* cand = candidate_index_.data();
     const ibatch bound(static_cast<std::int32_t>(estimate_));  // keys are below 2^31
     const ibatch magnitude(0x7fffffff);
     const fbatch d(decay);
@@ -241,12 +239,13 @@ class chunked_codec {
       x.store_unaligned(f + i);
       const ibatch k = detail::bitcast_lanes<std::int32_t>(x) & magnitude;
       k.store_unaligned(reinterpret_cast<std::int32_t*>(keys + i));
-      n = gather(ops::mask_bits(k >= bound), i, ops::width, cand, n);
+      n += ops::compress(ops::mask_bits(k >= bound),
+                         ops::iota() + ibatch(static_cast<std::int32_t>(i)), cand + n);
     }
     for (std::uint64_t i = body; i < len; ++i) {
       f[i] = decay == 1.0f ? f[i] + g[i] : decay * f[i] + g[i];
       keys[i] = std::bit_cast<std::uint32_t>(f[i]) & 0x7fffffffu;
-      cand[n] = static_cast<std::uint16_t>(i);
+      cand[n] = static_cast<std::uint32_t>(i);
       n += keys[i] >= estimate_;
     }
     return n;
@@ -265,7 +264,7 @@ class chunked_codec {
       return;
     }
     const std::uint32_t* keys = keys_.data();
-    std::uint16_t* cand = candidate_index_.data();
+    std::uint32_t* cand = candidate_index_.data();
     const std::uint64_t most = std::max<std::uint64_t>(8 * kept, 256);
     if (estimate_ == 0) estimated = 0;
     std::uint64_t n = estimated;
@@ -298,37 +297,13 @@ class chunked_codec {
       const std::uint32_t key = keys[cand[j]];
       if (key > t || (key == t && ties > 0)) {
         ties -= key == t;
-        indices[m++] = cand[j];
+        indices[m++] = static_cast<std::uint16_t>(cand[j]);
       }
     }
-  }
-
-  // Appends to `cand[n...]` the indices `i + l` of the set bits l of `mask` (`width` bits, a
-  // multiple of 4) and returns the new count. Branch-free: per four lanes, the set lanes'
-  // offsets come from a table of 16 entries and are stored as one 8-byte word (a candidate
-  // passes at random, so a branch on it would mispredict often); `cand` needs 4 spare slots.
-  static std::uint64_t gather(std::uint32_t mask, std::uint64_t i, std::uint64_t width,
-                              std::uint16_t* cand, std::uint64_t n) noexcept {
-    static constexpr auto lanes = [] {
-      std::array<std::uint64_t, 16> table{};
-      for (unsigned m = 0; m < 16; ++m) {
-        for (unsigned l = 0, c = 0; l < 4; ++l) {
-          if (m & (1u << l)) table[m] |= std::uint64_t{l} << (16 * c++);
-        }
-      }
-      return table;
-    }();
-    for (unsigned q = 0; q < width; q += 4) {
-      const unsigned nibble = (mask >> q) & 15u;
-      const std::uint64_t at = lanes[nibble] + (i + q) * 0x0001000100010001ull;
-      std::memcpy(cand + n, &at, sizeof at);
-      n += (0x4332322132212110ull >> (4 * nibble)) & 15u;  // popcount, without POPCNT
-    }
-    return n;
   }
 
   // The indices of the keys at or above `t`, ascending, into `cand` (room for `len` + 16).
-  std::uint64_t filter(std::uint64_t len, std::uint32_t t, std::uint16_t* cand) const noexcept {
+  std::uint64_t filter(std::uint64_t len, std::uint32_t t, std::uint32_t* cand) const noexcept {
     using ops = detail::lane_ops<xsimd::default_arch>;
     const std::uint32_t* keys = keys_.data();
     const typename ops::ibatch bound(static_cast<std::int32_t>(t));  // keys are below 2^31
@@ -336,10 +311,12 @@ class chunked_codec {
     std::uint64_t n = 0;
     std::uint64_t i = 0;
     for (; i < body; i += ops::width) {
-      n = gather(ops::mask_bits(ops::load_words(keys + i) >= bound), i, ops::width, cand, n);
+      n +=
+          ops::compress(ops::mask_bits(ops::load_words(keys + i) >= bound),
+                        ops::iota() + typename ops::ibatch(static_cast<std::int32_t>(i)), cand + n);
     }
     for (; i < len; ++i) {
-      cand[n] = static_cast<std::uint16_t>(i);
+      cand[n] = static_cast<std::uint32_t>(i);
       n += keys[i] >= t;
     }
     return n;
@@ -420,7 +397,7 @@ class chunked_codec {
 
   chunked_codec_options options_;
   std::vector<std::uint32_t> keys_;
-  std::vector<std::uint16_t> candidate_index_;
+  std::vector<std::uint32_t> candidate_index_;
   std::vector<std::uint32_t> candidates_;
   std::uint32_t estimate_ = 0;  // a key at most the next chunk's k-th, probably (0: none)
   std::uint32_t margin_ = std::uint32_t{1} << 20;
