@@ -76,6 +76,7 @@
 #include <stellatrain/pipeline/exchange_strategy.hpp>
 #include <stellatrain/pipeline/flat_exchange.hpp>
 #include <stellatrain/pipeline/hierarchical_exchange.hpp>
+#include <stellatrain/pipeline/local_steps.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
 #include <stellatrain/pipeline/pipeline_options.hpp>
 #include <stellatrain/pipeline/runtime_exchange.hpp>

@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: Apache-2.0
+// Local steps (DiLoCo's outer loop): each rank trains its own replica for H inner steps, then
+// the ranks exchange the pseudo-gradients through a pipeline, whose optimizer is the outer one.
+#pragma once
+
+#include <stellatrain/config.hpp>
+#include <stellatrain/core/error.hpp>
+#include <stellatrain/pack/aggregate.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace stellatrain {
+
+/// Settings of `local_steps`. Every rank must use the same `inner_steps`.
+struct local_steps_options {
+  /// H: inner steps per outer step, >= 1.
+  std::uint32_t inner_steps = 25;
+  /// This rank's weight in the average of the pseudo-gradients, for a batch split across
+  /// ranks of different speeds (`batch_weight`; the ranks' weights sum to 1). It needs a
+  /// pipeline that sums (`pipeline_options::op` = `reduction::sum`). 0: every rank weighs the
+  /// same, as the pipeline's op (`reduction::mean`) averages.
+  double weight = 0;
+};
+
+/// The outer loop of training with local steps (DiLoCo, arXiv 2311.08105; SparseLoCo, arXiv
+/// 2508.15706), over a `pipeline` `P` that holds the outer parameters:
+///
+///   every rank: H inner steps of the application's own optimizer on its replica
+///   pseudo-gradient = outer parameters - replica            (per tensor, on this rank)
+///   -> the pipeline's exchange strategy: the compressor with its error feedback, the flat or
+///      hierarchical exchange, the mean (or the weighted sum) of the ranks' selections
+///   -> the pipeline's optimizer, the outer optimizer, steps the outer parameters
+///   replica = outer parameters                              (the same bits on every rank)
+///
+/// The outer optimizer is whatever the pipeline was built with: DiLoCo's is SGD with Nesterov
+/// momentum, `sgd_optimizer({.lr = 0.7f, .momentum = 0.9f, .nesterov = true})`; SparseLoCo's is
+/// plain SGD, the error feedback being the only memory. A sparse optimizer step is lazy
+/// (elements outside the merged selection keep their momentum); `pipeline_options::
+/// dense_threshold` = 0 makes every merged update dense, so that momentum decays everywhere
+/// as in DiLoCo. With H = 1, an inner SGD of rate lr and a plain outer SGD of rate 1 this is
+/// the per-step exchange with SGD of rate lr, up to rounding (tested).
+///
+/// Use, on every rank, after `outer.start()` (which made every rank's outer parameters rank
+/// 0's): copy the outer parameters into the replica (`outer.copy_params`), then after each
+/// inner optimizer step call `step(replica)`; on every H-th it runs the outer step and
+/// returns true. `replica[t]` is tensor t's parameters (`outer.tensor_size(t)` floats) on
+/// this rank. Example (tests/pipeline/test_local_steps.cpp):
+/// \code
+///   stellatrain::pipeline outer(transport, pool, compressor,
+///       stellatrain::sgd_optimizer({.lr = 0.7f, .momentum = 0.9f, .nesterov = true}),
+///       {.staleness = 0, .dense_threshold = 0});
+///   // outer.add_tensor(...) for every tensor, then:
+///   outer.start();
+///   stellatrain::local_steps loop(outer, {.inner_steps = 25});
+///   // replica: std::vector<std::span<float>>, one span per tensor
+///   for (std::size_t t = 0; t < outer.tensor_count(); ++t) outer.copy_params(t, replica[t]);
+///   for (;;) {
+///     train_one_step(replica);   // forward, backward, the inner optimizer
+///     loop.step(replica);        // every 25th: the outer step
+///   }
+/// \endcode
+///
+/// Errors: `errc::invalid_argument` for H = 0, a weight that is not in (0, 1] or set with a
+/// pipeline that averages, a pipeline that is not started or accumulates micro-batches, and a
+/// replica of the wrong shape (nothing handed over then); failures of the exchange are the
+/// pipeline's (every rank fails, see `pipeline`). Not thread-safe: one thread drives it.
+template <class Pipeline>
+class local_steps {
+ public:
+  local_steps(Pipeline& outer, local_steps_options options) : outer_(&outer), options_(options) {
+    auto bad = [](const std::string& what) {
+      throw_error(errc::invalid_argument, "local_steps: " + what);
+    };
+    if (options_.inner_steps == 0) bad("inner_steps must be at least 1");
+    if (options_.weight != 0) {
+      if (!(std::isfinite(options_.weight) && options_.weight > 0 && options_.weight <= 1))
+        bad("weight must be in (0, 1], got " + std::to_string(options_.weight));
+      if (outer.options().op != reduction::sum)
+        bad("a weight needs a pipeline that sums the pseudo-gradients (reduction::sum)");
+    }
+    if (outer.options().micro_batches != 1)
+      bad("the outer pipeline must take one hand-over per step (micro_batches 1)");
+    if (outer.tensor_count() == 0 || outer.bucket_count() == 0)
+      bad("start the outer pipeline first");
+  }
+
+  [[nodiscard]] const local_steps_options& options() const noexcept { return options_; }
+  /// Inner steps since the last outer step.
+  [[nodiscard]] std::uint32_t inner_steps_done() const noexcept { return inner_; }
+  /// Outer steps run so far.
+  [[nodiscard]] std::int64_t outer_steps() const noexcept { return outer_steps_; }
+
+  /// Counts one inner step of `replica`; on the H-th runs `sync(replica)` and returns true.
+  bool step(std::span<const std::span<float>> replica) {
+    check(replica);
+    if (++inner_ < options_.inner_steps) return false;
+    sync(replica);
+    return true;
+  }
+
+  /// The outer step now, whatever the count (collective: every rank calls it at the same
+  /// point): hands every tensor's pseudo-gradient to the pipeline, waits until the outer
+  /// optimizer applied it, and writes the new outer parameters into `replica`.
+  void sync(std::span<const std::span<float>> replica) {
+    check(replica);
+    const float w = static_cast<float>(options_.weight);
+    // Backward order, as gradients come: the pipeline sends a bucket as soon as it is whole.
+    for (std::size_t t = outer_->tensor_count(); t-- > 0;) {
+      const std::span<float> g = outer_->gradient_buffer(t);
+      outer_->copy_params(t, g);
+      const std::span<const float> mine = replica[t];
+      if (w == 0) {
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] -= mine[i];
+      } else {
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = (g[i] - mine[i]) * w;
+      }
+      outer_->push_gradient_buffer(t);
+    }
+    outer_->flush();
+    for (std::size_t t = 0; t < outer_->tensor_count(); ++t) outer_->copy_params(t, replica[t]);
+    inner_ = 0;
+    ++outer_steps_;
+  }
+
+ private:
+  void check(std::span<const std::span<float>> replica) const {
+    if (replica.size() != outer_->tensor_count()) {
+      throw_error(errc::invalid_argument,
+                  "local_steps: the replica has " + std::to_string(replica.size()) +
+                      " tensors, the pipeline " + std::to_string(outer_->tensor_count()));
+    }
+    for (std::size_t t = 0; t < replica.size(); ++t) {
+      if (replica[t].size() != outer_->tensor_size(t)) {
+        throw_error(errc::invalid_argument,
+                    "local_steps: tensor " + std::to_string(t) + " of the replica has " +
+                        std::to_string(replica[t].size()) + " elements, the pipeline's " +
+                        std::to_string(outer_->tensor_size(t)));
+      }
+    }
+  }
+
+  Pipeline* outer_;
+  local_steps_options options_;
+  std::uint32_t inner_ = 0;
+  std::int64_t outer_steps_ = 0;
+};
+
+}  // namespace stellatrain

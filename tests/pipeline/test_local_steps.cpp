@@ -1,0 +1,264 @@
+// SPDX-License-Identifier: Apache-2.0
+// Local steps: the outer step equals DiLoCo's on the (weighted) mean pseudo-gradient, every
+// rank holds the same bits after each outer step (flat and hierarchical), H = 1 is the
+// per-step exchange, and bad use fails with clear errors.
+#include <stellatrain/compress/error_feedback.hpp>
+#include <stellatrain/core/thread_pool.hpp>
+#include <stellatrain/optim/sgd.hpp>
+#include <stellatrain/pipeline/local_steps.hpp>
+#include <stellatrain/pipeline/pipeline.hpp>
+#include <stellatrain/select/exact_topk.hpp>
+#include <stellatrain/select/random_k.hpp>
+#include <stellatrain/select/threshold.hpp>
+#include <stellatrain/transport/in_process.hpp>
+
+#include "catch.hpp"
+#include "pipeline_support.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+using namespace stellatrain;
+using namespace stellatrain::pipeline_test;
+
+namespace {
+
+using params_t = std::vector<std::vector<float>>;
+
+constexpr float inner_lr = 0.05f;
+
+std::vector<std::span<float>> spans_of(params_t& p) {
+  std::vector<std::span<float>> s;
+  for (auto& t : p) s.emplace_back(t);
+  return s;
+}
+
+// One inner step of plain SGD on every tensor of `replica`, with rank `rank`'s gradient of
+// inner step `step`.
+void inner_step(params_t& replica, int rank, std::int64_t step) {
+  std::vector<float> g;
+  for (std::size_t t = 0; t < replica.size(); ++t) {
+    g.resize(replica[t].size());
+    gradient(replica[t], rank, step, t, g);
+    for (std::size_t i = 0; i < g.size(); ++i) replica[t][i] -= inner_lr * g[i];
+  }
+}
+
+// Runs `outer_steps` outer steps of H inner steps on this rank; returns the replica after
+// each outer step.
+template <class Pipeline>
+std::vector<params_t> train_local(Pipeline& p, int rank, std::uint32_t h, int outer_steps,
+                                  double weight = 0) {
+  params_t replica = shaped_like_sizes();
+  const auto spans = spans_of(replica);
+  std::vector<params_t> after;
+  std::int64_t step = 0;
+  // docs/guide/pipeline.md shows the lines between the "// [local_steps]" lines.
+  // [local_steps]
+  stellatrain::local_steps loop(p, {.inner_steps = h, .weight = weight});
+  for (std::size_t t = 0; t < p.tensor_count(); ++t) p.copy_params(t, spans[t]);
+  while (loop.outer_steps() < outer_steps) {
+    inner_step(replica, rank, step++);  // forward, backward, the inner optimizer
+    if (loop.step(spans)) {             // every H-th: the outer step, replica = outer
+      after.push_back(replica);
+    }
+  }
+  // [local_steps]
+  return after;
+}
+
+void require_same_on_every_rank(const std::vector<std::vector<params_t>>& per_rank) {
+  for (std::size_t r = 1; r < per_rank.size(); ++r) {
+    REQUIRE(per_rank[r].size() == per_rank[0].size());
+    for (std::size_t s = 0; s < per_rank[0].size(); ++s)
+      require_same_bits(per_rank[r][s], per_rank[0][s]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("local steps: the outer step is Nesterov SGD on the mean pseudo-gradient",
+          "[pipeline][local_steps]") {
+  const int ranks = 3;
+  const std::uint32_t h = 4;
+  const int outer_steps = 3;
+  const bool weighted = GENERATE(false, true);
+  CAPTURE(weighted);
+  const std::vector<double> weights{0.5, 0.3, 0.2};
+  const sgd_options outer_sgd{.lr = 0.7f, .momentum = 0.9f, .nesterov = true};
+  std::vector<std::vector<params_t>> result(ranks);
+  run_in_process(ranks, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{1};
+    // Density 1 with fp32 values: the exchange is exact, the outer step is DiLoCo's.
+    pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, float>(),
+               sgd_optimizer(outer_sgd),
+               {.bucket_bytes = 30000,
+                .staleness = 0,
+                .op = weighted ? reduction::sum : reduction::mean,
+                .dense_threshold = 0},
+               fixed_density{1.0});
+    add_sizes(p, r);
+    p.start();
+    result[static_cast<std::size_t>(r)] =
+        train_local(p, r, h, outer_steps, weighted ? weights[static_cast<std::size_t>(r)] : 0);
+  });
+  require_same_on_every_rank(result);
+
+  // The reference, in one process: each rank's H inner steps from the outer parameters, the
+  // (weighted) mean of outer - replica, one dense Nesterov step.
+  sgd_optimizer reference(outer_sgd);
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    reference.add_tensor(initial_values(sizes[i], 0, i));
+  for (int o = 0; o < outer_steps; ++o) {
+    params_t mean = shaped_like_sizes();
+    for (int r = 0; r < ranks; ++r) {
+      params_t replica;
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const auto outer = reference.params(i);
+        replica.emplace_back(outer.begin(), outer.end());
+      }
+      for (std::uint32_t k = 0; k < h; ++k) inner_step(replica, r, o * h + k);
+      const float w = weighted ? static_cast<float>(weights[static_cast<std::size_t>(r)])
+                               : 1.0f / static_cast<float>(ranks);
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const auto outer = reference.params(i);
+        for (std::size_t j = 0; j < sizes[i]; ++j) mean[i][j] += w * (outer[j] - replica[i][j]);
+      }
+    }
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      reference.step(i, std::span<const float>(mean[i]));
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const auto want = reference.params(i);
+      for (std::size_t j = 0; j < sizes[i]; ++j) {
+        // Sums in another order and the pseudo-gradient's cancellation: a few ulps of the
+        // parameters per outer step.
+        REQUIRE(result[0][static_cast<std::size_t>(o)][i][j] ==
+                Approx(want[j]).epsilon(1e-5).margin(1e-5));
+      }
+    }
+  }
+  // The outer steps moved the parameters.
+  CHECK(result[0].back()[0] != initial_values(sizes[0], 0, 0));
+}
+
+TEST_CASE("local steps: every rank holds the same bits after each outer step",
+          "[pipeline][local_steps]") {
+  const bool hierarchical = GENERATE(false, true);
+  CAPTURE(hierarchical);
+  const std::uint32_t h = 3;
+  const int outer_steps = 4;
+  const sgd_options outer_sgd{.lr = 0.7f, .momentum = 0.9f, .nesterov = true};
+  const pipeline_options opt{.bucket_bytes = 20000, .staleness = 1, .dense_threshold = 0};
+  using compressor_t = error_feedback_compressor<threshold_selector<>, bf16>;
+  std::vector<std::vector<params_t>> result(4);
+  if (hierarchical) {
+    const auto topo = cluster_topology::parse("2,2");
+    run_in_process_clusters(topo, [&](in_process_transport& lan, in_process_transport& wan) {
+      const int r = wan.rank();
+      thread_pool pool{1};
+      pipeline p(hierarchical_links<in_process_transport>{lan, wan, topo}, pool, compressor_t(),
+                 sgd_optimizer(outer_sgd), opt, fixed_density{0.05});
+      add_sizes(p, r);
+      p.start();
+      result[static_cast<std::size_t>(r)] = train_local(p, r, h, outer_steps);
+    });
+  } else {
+    run_in_process(4, [&](in_process_transport& t) {
+      const int r = t.rank();
+      thread_pool pool{1};
+      pipeline p(t, pool, compressor_t(), sgd_optimizer(outer_sgd), opt, fixed_density{0.05});
+      add_sizes(p, r);
+      p.start();
+      result[static_cast<std::size_t>(r)] = train_local(p, r, h, outer_steps);
+    });
+  }
+  REQUIRE(result[0].size() == static_cast<std::size_t>(outer_steps));
+  require_same_on_every_rank(result);
+  // Each outer step changed the parameters.
+  CHECK(result[0][0][0] != initial_values(sizes[0], 0, 0));
+  for (int o = 1; o < outer_steps; ++o)
+    CHECK(result[0][static_cast<std::size_t>(o)][0] !=
+          result[0][static_cast<std::size_t>(o - 1)][0]);
+}
+
+// With H = 1, an inner SGD of rate lr and a plain outer SGD of rate 1, the outer step applies
+// the compressed mean of lr * g: the per-step exchange with SGD of rate lr. Random-k picks the
+// same indices in both runs (a function of the step and tensor), so that rounding alone
+// differs; with top-k, rounding could swap near-equal elements in and out of the selection.
+TEST_CASE("local steps: H = 1 is the per-step exchange with SGD", "[pipeline][local_steps]") {
+  const int ranks = 3;
+  const int steps = 8;
+  const double density = GENERATE(1.0, 0.1);
+  CAPTURE(density);
+  using compressor_t = error_feedback_compressor<random_k_selector<>, float>;
+  std::vector<params_t> per_step(ranks);
+  std::vector<std::vector<params_t>> local(ranks);
+  run_in_process(ranks, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{1};
+    {
+      pipeline p(t, pool, compressor_t(random_k_selector<>(11)), sgd_optimizer({.lr = inner_lr}),
+                 {.bucket_bytes = 30000, .staleness = 0}, fixed_density{density});
+      add_sizes(p, r);
+      p.start();
+      params_t params = shaped_like_sizes();
+      train(p, r, steps, params);
+      per_step[static_cast<std::size_t>(r)] = std::move(params);
+    }
+    pipeline p(t, pool, compressor_t(random_k_selector<>(11)), sgd_optimizer({.lr = 1.0f}),
+               {.bucket_bytes = 30000, .staleness = 0, .tag_base = 30000}, fixed_density{density});
+    add_sizes(p, r);
+    p.start();
+    local[static_cast<std::size_t>(r)] = train_local(p, r, 1, steps);
+  });
+  require_same_on_every_rank(local);
+  const params_t& got = local[0].back();
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    for (std::size_t j = 0; j < sizes[i]; ++j) {
+      // outer - (outer - lr g) is lr g up to an ulp of the parameters, every step.
+      REQUIRE(got[i][j] == Approx(per_step[0][i][j]).epsilon(1e-5).margin(1e-5));
+    }
+  }
+}
+
+TEST_CASE("local steps: bad use fails with clear errors", "[pipeline][local_steps]") {
+  run_in_process(1, [&](in_process_transport& t) {
+    thread_pool pool{1};
+    using compressor_t = error_feedback_compressor<exact_topk_selector<>, float>;
+    pipeline unstarted(t, pool, compressor_t(), sgd_optimizer(), {}, fixed_density{1.0});
+    add_sizes(unstarted, 0);
+    auto what = [&](auto&& f) {
+      try {
+        f();
+      } catch (const error& e) {
+        CHECK(e.code() == errc::invalid_argument);
+        return std::string(e.what());
+      }
+      FAIL("no error");
+      return std::string();
+    };
+    CHECK_THAT(what([&] { local_steps l(unstarted, {}); }),
+               Catch::Matchers::Contains("start the outer pipeline first"));
+    pipeline p(t, pool, compressor_t(), sgd_optimizer(), {.tag_base = 30000}, fixed_density{1.0});
+    add_sizes(p, 0);
+    p.start();
+    CHECK_THAT(what([&] { local_steps l(p, {.inner_steps = 0}); }),
+               Catch::Matchers::Contains("inner_steps"));
+    CHECK_THAT(what([&] { local_steps l(p, {.weight = 0.5}); }),
+               Catch::Matchers::Contains("reduction::sum"));
+    local_steps loop(p, {.inner_steps = 2});
+    params_t replica = shaped_like_sizes();
+    replica.pop_back();
+    CHECK_THAT(what([&] { loop.step(spans_of(replica)); }), Catch::Matchers::Contains("tensors"));
+    replica = shaped_like_sizes();
+    replica[2].resize(3);
+    CHECK_THAT(what([&] { loop.step(spans_of(replica)); }),
+               Catch::Matchers::Contains("tensor 2 of the replica has 3 elements"));
+    CHECK(loop.inner_steps_done() == 0);
+    p.flush();
+  });
+}
