@@ -9,6 +9,10 @@
 //   BM_pack_merge/lists:4/k:250000/threads:T      k-way merge of 4 sorted lists into one
 //   BM_pack_merge_memcpy/lists:4/k:250000/threads:T  memcpy of the merge's input bytes
 //   BM_pack_scatter_add/lists:4/ppm:P/threads:T   the dense alternative of the merge
+//   BM_pack_chunked/<op>/bits:W/threads:T   pack, or parse and decode, the chunked section of
+//                                           25M (64 of every 4096, W-bit values, as
+//                                           chunked_codec selects them); baseline: BM_pack_memcpy
+//                                           at k:390656, the same pairs
 //   BM_pack_crc32c/bytes:B                  the checksum alone
 //   BM_pack_bits/<op>/<kernel>/b:B          the vertical bit packing of full index blocks: 64
 //                                           blocks of 256 values of B bits, op pack or unpack,
@@ -17,6 +21,7 @@
 // Indices are uniformly random, sorted (core sample_sorted_indices), values N(0, 1). Pack and
 // unpack report the user counter bytes_per_element: message bytes (headers and checksum
 // included) per pair. Buffers are pre-faulted and packer/unpacker warmed up before timing.
+#include <stellatrain/compress/chunked_codec.hpp>
 #include <stellatrain/core/crc32c.hpp>
 #include <stellatrain/core/random_indices.hpp>
 #include <stellatrain/pack/aggregate.hpp>
@@ -215,6 +220,57 @@ void BM_pack_merge_ppm(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * lists * k * 8));
 }
 
+// The chunked selection of 25M N(0, 1) values, 64 of every 4096, per value width.
+const st::chunked_selection& chunked_of(st::chunk_value_bits bits) {
+  static std::map<st::chunk_value_bits, std::unique_ptr<st::chunked_selection>> cache;
+  auto& entry = cache[bits];
+  if (!entry) {
+    entry = std::make_unique<st::chunked_selection>();
+    const auto g = sb::gaussian(n, 3);
+    std::vector<float> feedback(n, 0.0f);
+    st::chunked_codec({.chunk_bits = 12, .k = 64, .bits = bits}).encode(g.span(), feedback, *entry);
+  }
+  return *entry;
+}
+
+void chunked_case(benchmark::State& state, bool pack, st::chunk_value_bits bits,
+                  std::size_t threads) {
+  const auto& sel = chunked_of(bits);
+  auto& ex = sb::pool(threads);
+  st::message_packer packer;
+  packer.add_chunked(0, sel.section());
+  auto buffer = sb::prefaulted<std::byte>(packer.prepare(ex));
+  const auto message = packer.write(buffer.span(), ex);
+  const std::vector<st::tensor_info> tensors = {{0, n}};
+  st::message_unpacker unpacker(tensors);
+  auto indices = sb::prefaulted<std::uint32_t>(sel.indices.size());
+  auto values = sb::prefaulted<float>(sel.indices.size());
+  for (auto _ : state) {
+    if (pack) {
+      packer.clear();
+      packer.add_chunked(0, sel.section());
+      benchmark::DoNotOptimize(packer.pack(buffer.span(), ex).data());
+    } else {
+      const auto awake = st::stay_awake(ex);
+      const auto& info = unpacker.parse(message, ex);
+      unpacker.decode(0, indices.span(), values.span(), ex);
+      benchmark::DoNotOptimize(info.sections.data());
+    }
+    benchmark::ClobberMemory();
+  }
+  if (!pack) {
+    for (std::size_t j = 0; j < sel.indices.size(); ++j) {
+      if (indices[j] % 4096 != sel.indices[j]) {
+        state.SkipWithError("unpacked indices differ from the packed ones");
+        break;
+      }
+    }
+  }
+  state.counters["bytes_per_element"] =
+      static_cast<double>(message.size()) / static_cast<double>(sel.indices.size());
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * sel.indices.size()));
+}
+
 void BM_pack_crc32c(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   auto data = sb::prefaulted<std::byte>(bytes);
@@ -290,6 +346,22 @@ const bool registered = [] {
                 ->UseRealTime();
           }
         }
+      }
+    }
+  }
+  for (int t : thread_counts) {
+    benchmark::RegisterBenchmark("BM_pack_memcpy", BM_pack_memcpy)
+        ->Args({static_cast<std::int64_t>(st::wire::chunked_shape_of(n, 12, 64, 2).count), t})
+        ->ArgNames({"k", "threads"})
+        ->UseRealTime();
+    for (auto bits : {st::chunk_value_bits::one, st::chunk_value_bits::two}) {
+      for (bool pack : {true, false}) {
+        const std::string name = std::string("BM_pack_chunked/") + (pack ? "pack" : "unpack") +
+                                 "/bits:" + std::to_string(static_cast<int>(bits)) +
+                                 "/threads:" + std::to_string(t);
+        benchmark::RegisterBenchmark(name.c_str(), chunked_case, pack, bits,
+                                     static_cast<std::size_t>(t))
+            ->UseRealTime();
       }
     }
   }

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -61,6 +62,48 @@ inline bool same_value(float a, float b) {
   return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b) || (a != a && b != b);
 }
 
+// A chunked section rebuilt from its decoded pairs and its scales (read from the message), to
+// be packed again.
+struct chunked_parts {
+  std::vector<std::uint16_t> indices;
+  std::vector<std::uint8_t> codes;
+  std::vector<bf16> scales;
+};
+
+inline chunked_section rebuild_chunked(const section_info& s, const std::vector<std::byte>& message,
+                                       const std::vector<std::uint64_t>& idx,
+                                       const std::vector<float>& val, chunked_parts& out) {
+  const unsigned code_bits = s.values == value_encoding::chunk_2bit ? 2 : 1;
+  const auto shape = wire::chunked_shape_of(s.dense_size, s.chunk_bits, s.chunk_k, code_bits);
+  const std::byte* scales = message.data() + s.offset + wire::section_header_bytes + s.index_bytes;
+  out.scales.resize(static_cast<std::size_t>(shape.scale_bytes / 2));
+  for (std::size_t j = 0; j < out.scales.size(); ++j)
+    out.scales[j] = bf16::from_bits(detail::load_le<std::uint16_t>(scales + 2 * j));
+  out.indices.resize(idx.size());
+  out.codes.assign(static_cast<std::size_t>(shape.value_bytes - shape.scale_bytes), 0);
+  const std::uint64_t mask = (std::uint64_t{1} << s.chunk_bits) - 1;
+  for (std::size_t j = 0; j < idx.size(); ++j) {
+    const std::uint64_t c = j / s.chunk_k;
+    out.indices[j] = static_cast<std::uint16_t>(idx[j] & mask);
+    std::uint32_t code = 0;
+    float scale = to_float(out.scales[code_bits * c]);
+    if (code_bits == 2 && !same_value(std::fabs(val[j]), std::fabs(scale))) {
+      code = 2;
+      scale = to_float(out.scales[2 * c + 1]);
+    }
+    if (std::signbit(val[j]) != std::signbit(scale)) code |= 1;
+    const std::uint64_t bit = j * code_bits;
+    out.codes[bit / 8] = static_cast<std::uint8_t>(out.codes[bit / 8] | (code << (bit % 8)));
+  }
+  return {.dense_size = s.dense_size,
+          .chunk_bits = s.chunk_bits,
+          .k = static_cast<std::uint32_t>(s.chunk_k),
+          .code_bits = code_bits,
+          .indices = out.indices,
+          .codes = out.codes,
+          .scales = out.scales};
+}
+
 // random_k decoding needs n / 8 bytes of workspace: tensors past this are not decoded here.
 inline constexpr std::uint64_t max_random_k_decode = std::uint64_t{1} << 22;
 
@@ -101,6 +144,7 @@ int unpack_one(const std::uint8_t* data, std::size_t size, Executor& ex) {
   packer.clear(unpacker.info().tag);
   std::vector<std::vector<std::uint64_t>> indices(sections.size());
   std::vector<std::vector<float>> values(sections.size());
+  std::vector<chunked_parts> chunked(sections.size());
   for (std::size_t i = 0; i < sections.size(); ++i) {
     const auto& s = sections[i];
     require(s.count <= s.dense_size, "count <= dense size");
@@ -125,6 +169,8 @@ int unpack_one(const std::uint8_t* data, std::size_t size, Executor& ex) {
     }
     if (s.indices == index_encoding::random_k) {
       packer.add_random_k<float>(s.tensor, s.random, s.dense_size, values[i], s.values);
+    } else if (s.indices == index_encoding::chunked_topk) {
+      packer.add_chunked(s.tensor, rebuild_chunked(s, message, indices[i], values[i], chunked[i]));
     } else {
       packer.add(s.tensor,
                  sparse_view<const float, const std::uint64_t>(indices[i], values[i], s.dense_size),

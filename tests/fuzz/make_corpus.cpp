@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // Writes the seed corpus of the unpack fuzzer: valid messages (each file is one options byte,
 // then the message) covering every index and value encoding, chunk directories, exceptions,
-// 64-bit indices, random_k, control sections, empty messages and sections. Deterministic:
-// rerunning it rewrites the same files.   make_corpus <output folder>
+// 64-bit indices, random_k, chunked sections, control sections, empty messages and sections.
+// Deterministic: rerunning it rewrites the same files.   make_corpus <output folder>
 #include "fuzz_unpack_body.hpp"
 
 #include <stellatrain/core/random_indices.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <set>
@@ -32,6 +35,31 @@ std::vector<float> some_values(std::size_t k, std::uint64_t seed) {
   for (auto& x : v) x = d(rng);
   return v;
 }
+
+// A chunked section of a tensor of n elements: k of every 2^b, random codes and scales.
+struct chunked_parts {
+  std::vector<std::uint16_t> indices;
+  std::vector<std::uint8_t> codes;
+  std::vector<bf16> scales;
+
+  chunked_section make(std::uint64_t n, unsigned b, std::uint32_t k, unsigned code_bits,
+                       std::uint64_t seed) {
+    const auto shape = wire::chunked_shape_of(n, b, k, code_bits);
+    std::mt19937_64 rng(seed);
+    indices.clear();
+    for (std::uint64_t c = 0; c < shape.chunks; ++c) {
+      const std::uint64_t length = std::min(std::uint64_t{1} << b, n - (c << b));
+      for (auto x : sorted_random(length, std::min<std::uint64_t>(k, length), rng()))
+        indices.push_back(static_cast<std::uint16_t>(x));
+    }
+    codes.resize(static_cast<std::size_t>(shape.value_bytes - shape.scale_bytes));
+    for (auto& x : codes) x = static_cast<std::uint8_t>(rng());
+    scales.clear();
+    for (float v : some_values(static_cast<std::size_t>(code_bits * shape.chunks), seed))
+      scales.push_back(bf16(std::fabs(v)));
+    return {n, b, k, code_bits, indices, codes, scales};
+  }
+};
 
 struct writer {
   std::string folder;
@@ -174,6 +202,21 @@ int main(int argc, char** argv) {
     message_packer q;
     q.add_control(control_type::first_application + 7, {});
     w.save("control_only", q, 2);
+  }
+  {  // Chunked sections: 1-bit and 2-bit codes, a short last chunk, beside other sections.
+    chunked_parts a, b;
+    message_packer p;
+    p.clear(4);
+    p.add_chunked(4, a.make(std::uint64_t{1} << 20, 12, 16, 1, 7));
+    w.save("chunked_sign", p);
+    message_packer q;
+    q.clear(5);
+    const auto idx = sorted_random(1000, 40, 8);
+    const auto val = some_values(idx.size(), 8);
+    q.add(7, sparse_view<const float, const std::uint64_t>(idx, val, 1000),
+          {.values = value_encoding::fp16});
+    q.add_chunked(3, b.make(70000, 10, 5, 2, 9));
+    w.save("chunked_2bit_mixed", q, 2);
   }
   std::printf("make_corpus: wrote %d files to %s\n", w.written, argv[1]);
   return 0;

@@ -126,7 +126,9 @@ TEST_CASE("unpack: every single-bit error is detected", "[pack][validation]") {
       FAIL("accepted");
     } catch (const error& e) {
       const std::size_t byte = bit / 8;
-      if (byte >= 4 && byte < 8) {  // version and flags are read before the checksum
+      if (bit == 32) {  // version 2 -> 3, which this build reads: the checksum catches it
+        CHECK(e.code() == errc::checksum_mismatch);
+      } else if (byte >= 4 && byte < 8) {  // version and flags are read before the checksum
         CHECK((e.code() == errc::version_mismatch || e.code() == errc::unsupported));
       } else if (byte < 4 || (byte >= 12 && byte < 24)) {  // magic, header size, message size
         CHECK(e.code() == errc::malformed_message);
@@ -148,17 +150,17 @@ TEST_CASE("unpack: header fields are checked", "[pack][validation]") {
   }
   {
     auto m = good;
-    put<std::uint16_t>(m, 4, 3);
+    put<std::uint16_t>(m, 4, 4);
     reseal(m);
     expect_error(4, 1000, m, errc::version_mismatch,
-                 "format version 3, this build reads version 2");
+                 "format version 4, this build reads versions 2 to 3");
   }
   {  // Version 1 had no section kinds: refused, never misread.
     auto m = good;
     put<std::uint16_t>(m, 4, 1);
     reseal(m);
     expect_error(4, 1000, m, errc::version_mismatch,
-                 "format version 1, this build reads version 2");
+                 "format version 1, this build reads versions 2 to 3");
   }
   {
     auto m = good;

@@ -2,13 +2,15 @@
 // The chunked low-bit codec: the top k of every fixed chunk of 2^b elements, chunk-local
 // indices of b bits, values as 2-bit codes or 1-bit signs scaled per chunk, and error
 // feedback of everything not sent, the quantisation error included (with an optional decay).
-// The encoding of SparseLoCo-style and DisTrO-style exchanges; its wire section comes next.
+// The encoding of SparseLoCo-style and DisTrO-style exchanges; on the wire, a chunked section
+// (`message_packer::add_chunked`, docs/wire-format.md).
 #pragma once
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/detail/simd_lanes.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/float16.hpp>
+#include <stellatrain/pack/wire_format.hpp>
 
 #include <xsimd/xsimd.hpp>
 
@@ -80,6 +82,17 @@ struct chunked_selection {
   /// The payload in bits once packed: b bits per index, the codes, 16 bits per scale.
   [[nodiscard]] std::uint64_t payload_bits() const noexcept {
     return indices.size() * (chunk_bits + static_cast<unsigned>(bits)) + scales.size() * 16;
+  }
+  /// The selection as a wire section, for `message_packer::add_chunked` (a view: valid while
+  /// the selection is unchanged).
+  [[nodiscard]] chunked_section section() const noexcept {
+    return {.dense_size = size,
+            .chunk_bits = chunk_bits,
+            .k = k,
+            .code_bits = static_cast<unsigned>(bits),
+            .indices = indices,
+            .codes = codes,
+            .scales = scales};
   }
 };
 
@@ -168,6 +181,40 @@ class chunked_codec {
         chunk[sel.indices[j]] += weight * dequantise(code_of(sel, j), sel.bits, s0, s1);
       }
     }
+  }
+
+  /// Writes `sel` as (tensor index, value) pairs, ascending, to the front of `indices` and
+  /// `values` (each at least `sel.indices.size()` long; `Index` wide enough for the tensor).
+  /// Throws like `decode_add`, and `invalid_argument` for short outputs.
+  template <class Index>
+  static void decode_pairs(const chunked_selection& sel, std::span<Index> indices,
+                           std::span<float> values) {
+    check(sel, sel.size);
+    if (indices.size() < sel.indices.size() || values.size() < sel.indices.size()) {
+      throw_error(errc::invalid_argument, "chunked_codec::decode_pairs: outputs shorter than the " +
+                                              std::to_string(sel.indices.size()) + " pairs");
+    }
+    const unsigned per = sel.scales_per_chunk();
+    std::uint64_t j = 0;
+    for (std::uint64_t c = 0; c < sel.chunks(); ++c) {
+      const float s0 = sel.scales[c * per].to_float();
+      const float s1 = sel.scales[c * per + per - 1].to_float();
+      for (std::uint64_t e = j + sel.kept(c); j < e; ++j) {
+        indices[j] = static_cast<Index>((c << sel.chunk_bits) + sel.indices[j]);
+        values[j] = dequantise(code_of(sel, j), sel.bits, s0, s1);
+      }
+    }
+  }
+
+  /// Sets k, the elements sent per chunk, for the calls that follow (1 <= k <= 2^b).
+  void set_k(std::uint32_t k) {
+    if (k < 1 || k > (std::uint64_t{1} << options_.chunk_bits)) {
+      throw_error(errc::invalid_argument,
+                  "chunked_codec: k must be in [1, 2^chunk_bits = " +
+                      std::to_string(std::uint64_t{1} << options_.chunk_bits) + "], got " +
+                      std::to_string(k));
+    }
+    options_.k = k;
   }
 
  private:

@@ -10,6 +10,7 @@
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/philox.hpp>
 #include <stellatrain/core/sparse.hpp>
+#include <stellatrain/pack/detail/chunked_payload.hpp>
 #include <stellatrain/pack/detail/crc32c_combine.hpp>
 #include <stellatrain/pack/detail/index_codec.hpp>
 #include <stellatrain/pack/detail/packer_tables.hpp>
@@ -101,8 +102,12 @@ class message_packer {
       throw_error(errc::invalid_argument, "pack: tensor " + std::to_string(tensor) +
                                               ": random_k sections are added with add_random_k");
     }
+    if (options.indices == index_encoding::chunked_topk) {
+      throw_error(errc::invalid_argument, "pack: tensor " + std::to_string(tensor) +
+                                              ": chunked sections are added with add_chunked");
+    }
     if (static_cast<std::uint8_t>(options.indices) >
-        static_cast<std::uint8_t>(index_encoding::random_k)) {
+        static_cast<std::uint8_t>(index_encoding::chunked_topk)) {
       throw_error(errc::invalid_argument,
                   "pack: tensor " + std::to_string(tensor) + ": unknown index encoding " +
                       std::to_string(static_cast<unsigned>(options.indices)));
@@ -135,6 +140,63 @@ class message_packer {
     s.wire_values = encoding;
     s.requested = index_encoding::random_k;
     s.key = key;
+    push(s);
+  }
+
+  /// Adds a chunked section (index encoding `chunked_topk`, values `chunk_sign` for 1-bit
+  /// codes or `chunk_2bit` for 2-bit codes): the message is then written as format version 3.
+  /// Throws `errc::invalid_argument` for parameters out of range (1 <= b <= 16, 1 <= k <= 2^b,
+  /// code bits 1 or 2, a tensor of at most 2^56 elements), spans whose sizes do not match them,
+  /// or a chunk whose indices do not ascend strictly; `errc::out_of_range` for an index not
+  /// inside its chunk. The spans must stay valid and unchanged until `write` returns.
+  void add_chunked(std::uint32_t tensor, const chunked_section& c) {
+    auto bad = [&](errc code, const std::string& what) {
+      throw_error(code, "pack: tensor " + std::to_string(tensor) + ": chunked section: " + what);
+    };
+    if (c.chunk_bits < 1 || c.chunk_bits > 16)
+      bad(errc::invalid_argument, "b = " + std::to_string(c.chunk_bits) + ", not in [1, 16]");
+    if (c.k < 1 || c.k > (std::uint64_t{1} << c.chunk_bits))
+      bad(errc::invalid_argument, "k = " + std::to_string(c.k) + ", not in [1, 2^b]");
+    if (c.code_bits != 1 && c.code_bits != 2)
+      bad(errc::invalid_argument, std::to_string(c.code_bits) + " code bits, not 1 or 2");
+    if (c.dense_size > wire::max_chunked_elements)
+      bad(errc::invalid_argument, "a tensor of more than 2^56 elements");
+    const auto shape = wire::chunked_shape_of(c.dense_size, c.chunk_bits, c.k, c.code_bits);
+    if (c.indices.size() != shape.count || c.scales.size() != c.code_bits * shape.chunks ||
+        c.codes.size() != shape.value_bytes - shape.scale_bytes) {
+      bad(errc::invalid_argument,
+          std::to_string(c.indices.size()) + " indices, " + std::to_string(c.codes.size()) +
+              " code bytes and " + std::to_string(c.scales.size()) + " scales; " +
+              std::to_string(shape.count) + ", " +
+              std::to_string(shape.value_bytes - shape.scale_bytes) + " and " +
+              std::to_string(c.code_bits * shape.chunks) + " expected");
+    }
+    for (std::uint64_t chunk = 0, j = 0; chunk < shape.chunks; ++chunk) {
+      const std::uint64_t length =
+          std::min(std::uint64_t{1} << c.chunk_bits, c.dense_size - (chunk << c.chunk_bits));
+      const std::uint64_t end = j + std::min<std::uint64_t>(c.k, length);
+      for (std::uint64_t first = j; j < end; ++j) {
+        if (c.indices[j] >= length) {
+          bad(errc::out_of_range, "chunk " + std::to_string(chunk) + ": index " +
+                                      std::to_string(c.indices[j]) + " at position " +
+                                      std::to_string(j) + " is not below its " +
+                                      std::to_string(length) + " elements");
+        }
+        if (j > first && c.indices[j] <= c.indices[j - 1]) {
+          bad(errc::invalid_argument, "chunk " + std::to_string(chunk) +
+                                          ": indices not strictly ascending at position " +
+                                          std::to_string(j));
+        }
+      }
+    }
+    detail::packer_section s;
+    s.tensor = tensor;
+    s.dense_size = c.dense_size;
+    s.count = shape.count;
+    s.wire_values = c.code_bits == 2 ? value_encoding::chunk_2bit : value_encoding::chunk_sign;
+    s.requested = index_encoding::chunked_topk;
+    s.chunked = c;
+    s.shape = shape;
     push(s);
   }
 
@@ -217,6 +279,10 @@ class message_packer {
 
  private:
   static void check_value_encoding(value_encoding e) {
+    if (e == value_encoding::chunk_sign || e == value_encoding::chunk_2bit) {
+      throw_error(errc::invalid_argument, "pack: " + std::string(name_of(e)) +
+                                              " values go in chunked sections (add_chunked)");
+    }
     if (value_bytes(e) == 0) {
       throw_error(errc::invalid_argument,
                   "pack: unknown value encoding " + std::to_string(static_cast<unsigned>(e)));
@@ -277,7 +343,8 @@ class message_packer {
     for (std::size_t i = 0; i < sections_.size(); ++i) {
       auto& s = sections_[i];
       s.first_chunk = chunks_.size();
-      s.chunks = s.requested == index_encoding::random_k ? 0 : wire::chunk_count(s.count);
+      s.chunks =
+          s.requested == index_encoding::random_k || is_chunked(s) ? 0 : wire::chunk_count(s.count);
       s.scratch_offset = scratch;
       for (std::uint64_t c = 0; c < s.chunks; ++c) {
         detail::packer_chunk ch;
@@ -399,9 +466,13 @@ class message_packer {
         case index_encoding::random_k:
           s.index_bytes = wire::random_k_payload_bytes;
           break;
+        case index_encoding::chunked_topk:
+          s.index_bytes = s.shape.index_bytes;
+          break;
         case index_encoding::automatic:
           break;
       }
+      s.value_bytes = is_chunked(s) ? s.shape.value_bytes : k * value_bytes(s.wire_values);
       // Offsets of the chunks after the directory.
       std::uint64_t data = 0;
       for (std::uint64_t c = 0; c < s.chunks; ++c) {
@@ -410,7 +481,7 @@ class message_packer {
         data += s.chosen == index_encoding::delta_bitpacked ? ch.bitpacked_bytes : ch.varint_bytes;
       }
       s.offset = offset;
-      offset += wire::section_header_bytes + s.index_bytes + k * value_bytes(s.wire_values);
+      offset += wire::section_header_bytes + s.index_bytes + s.value_bytes;
     }
     for (auto& c : controls_) {
       c.offset = offset;
@@ -445,7 +516,10 @@ class message_packer {
   void write_headers(std::byte* m) const {
     using detail::store_le;
     std::memcpy(m, wire::magic.data(), 4);
-    store_le<std::uint16_t>(m + wire::offset_version, wire::version);
+    // Version 2 unless a chunked section needs 3, so that a reader of version 2 reads it.
+    const bool chunked = std::any_of(sections_.begin(), sections_.end(), is_chunked);
+    store_le<std::uint16_t>(m + wire::offset_version,
+                            chunked ? wire::version : wire::oldest_version);
     store_le<std::uint16_t>(m + wire::offset_flags, 0);
     store_le<std::uint32_t>(m + wire::offset_section_count,
                             static_cast<std::uint32_t>(sections_.size() + controls_.size()));
@@ -463,7 +537,7 @@ class message_packer {
       store_le<std::uint64_t>(h + wire::offset_dense_size, s.dense_size);
       store_le<std::uint64_t>(h + wire::offset_count, s.count);
       store_le<std::uint64_t>(h + wire::offset_index_bytes, s.index_bytes);
-      store_le<std::uint64_t>(h + wire::offset_value_bytes, s.count * value_bytes(s.wire_values));
+      store_le<std::uint64_t>(h + wire::offset_value_bytes, s.value_bytes);
       std::byte* payload = h + wire::section_header_bytes;
       if (s.chosen == index_encoding::random_k) {
         store_le<std::uint64_t>(payload, s.key.seed);
@@ -501,6 +575,10 @@ class message_packer {
     tasks_.clear();
     for (std::size_t i = 0; i < sections_.size(); ++i) {
       const auto& s = sections_[i];
+      if (is_chunked(s)) {  // both payloads in one task
+        tasks_.push_back({i, 0, true});
+        continue;
+      }
       const std::uint64_t value_chunks = wire::chunk_count(s.count);
       for (std::uint64_t c = 0; c < value_chunks; ++c) tasks_.push_back({i, c, false});
       if (s.chosen == index_encoding::bitmap) {
@@ -515,6 +593,13 @@ class message_packer {
       const task& job = tasks_[t];
       const auto& s = sections_[job.section];
       std::byte* const payload = m + s.offset + wire::section_header_bytes;
+      if (is_chunked(s)) {
+        detail::write_chunked_payloads(s.chunked, s.shape, payload);
+        task_crcs_[t] = {detail::crc32c_piece::of(
+                             {payload, static_cast<std::size_t>(s.index_bytes + s.value_bytes)}),
+                         {}};
+        return;
+      }
       if (job.bitmap) {
         task_crcs_[t] = {
             detail::crc32c_piece::of(detail::write_bitmap_piece(s, payload, job.piece)), {}};
@@ -548,7 +633,8 @@ class message_packer {
       }
       crc =
           crc32c({m + s.offset, static_cast<std::size_t>(wire::section_header_bytes + fixed)}, crc);
-      const std::size_t chunk_tasks = static_cast<std::size_t>(wire::chunk_count(s.count));
+      const std::size_t chunk_tasks =
+          is_chunked(s) ? 0 : static_cast<std::size_t>(wire::chunk_count(s.count));
       std::size_t end = t + chunk_tasks;
       while (end < tasks_.size() && tasks_[end].section == i) ++end;  // its bitmap pieces
       // Index pieces: one per chunk, or (empty for the chunks) the bitmap's pieces.
@@ -602,16 +688,21 @@ class message_packer {
         return raw(std::uint64_t{});
       case index_encoding::bitmap:
       case index_encoding::random_k:
+      case index_encoding::chunked_topk:
       case index_encoding::automatic:
         break;
     }
     return {};
   }
 
+  [[nodiscard]] static bool is_chunked(const detail::packer_section& s) noexcept {
+    return s.requested == index_encoding::chunked_topk;
+  }
+
   struct task {
     std::size_t section;
     std::uint64_t piece;
-    bool bitmap;
+    bool bitmap;  // a piece of a bitmap, or a chunked section's payloads, written whole
   };
 
   std::uint64_t tag_ = 0;

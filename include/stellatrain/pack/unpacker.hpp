@@ -11,6 +11,7 @@
 #include <stellatrain/core/philox.hpp>
 #include <stellatrain/core/random_indices.hpp>
 #include <stellatrain/core/sparse.hpp>
+#include <stellatrain/pack/detail/chunked_payload.hpp>
 #include <stellatrain/pack/detail/crc32c_combine.hpp>
 #include <stellatrain/pack/detail/index_codec.hpp>
 #include <stellatrain/pack/detail/index_payload.hpp>
@@ -45,6 +46,8 @@ struct section_info {
   index_encoding indices = index_encoding::automatic;
   value_encoding values = value_encoding::fp32;
   random_key random{};            ///< the key of a random_k section (else zero)
+  unsigned chunk_bits = 0;        ///< b of a chunked_topk section (else zero)
+  std::uint64_t chunk_k = 0;      ///< its elements sent per chunk (else zero)
   std::uint64_t offset = 0;       ///< byte offset of the section header in the message
   std::uint64_t index_bytes = 0;  ///< bytes of the index payload
   std::uint64_t value_bytes = 0;  ///< bytes of the value payload
@@ -250,6 +253,7 @@ class message_unpacker {
     const std::byte* m = message.data();
     const std::uint64_t end = message.size() - wire::message_trailer_bytes;
     const std::uint64_t count = detail::load_le<std::uint32_t>(m + wire::offset_section_count);
+    const auto version = detail::load_le<std::uint16_t>(m + wire::offset_version);
     detail::check_section_count(count, message.size(), registry_.size());
     ++generation_;
     std::uint64_t offset = wire::message_header_bytes;
@@ -290,7 +294,7 @@ class message_unpacker {
                             what() + ": tensor size " + std::to_string(w.dense_size) +
                                 ", registered size " + std::to_string(it->size));
       }
-      detail::check_tensor_header(w, room, what);
+      detail::check_tensor_header(w, room, version, what);
       section_info s;
       s.tensor = w.id;
       s.dense_size = w.dense_size;
@@ -302,6 +306,11 @@ class message_unpacker {
       s.value_bytes = w.value_bytes;
       if (s.indices == index_encoding::random_k) {
         s.random = detail::read_random_key(h + wire::section_header_bytes);
+      }
+      if (s.indices == index_encoding::chunked_topk) {
+        const auto prefix = detail::check_chunked_sizes(w, h + wire::section_header_bytes, what);
+        s.chunk_bits = prefix.chunk_bits;
+        s.chunk_k = prefix.k;
       }
       sections_.push_back(s);
       offset += wire::section_header_bytes + s.index_bytes + s.value_bytes;
@@ -338,11 +347,31 @@ class message_unpacker {
             message.data() + s.offset + wire::section_header_bytes};
   }
 
+  // The payloads of chunked section `s` of `message`.
+  [[nodiscard]] static detail::chunked_payload chunked_payload_of(
+      std::span<const std::byte> message, const section_info& s) noexcept {
+    detail::chunked_payload p;
+    const std::byte* index = message.data() + s.offset + wire::section_header_bytes;
+    p.indices = index + wire::chunked_prefix_bytes;
+    p.dense_size = s.dense_size;
+    p.chunk_bits = s.chunk_bits;
+    p.k = s.chunk_k;
+    p.code_bits = s.values == value_encoding::chunk_2bit ? 2 : 1;
+    p.shape = wire::chunked_shape_of(s.dense_size, s.chunk_bits, s.chunk_k, p.code_bits);
+    p.scales = index + s.index_bytes;
+    p.codes = p.scales + p.shape.scale_bytes;
+    return p;
+  }
+
   // Checks the chunk directories and plans the checks of every index payload.
   void plan_payload_checks(std::span<const std::byte> message) {
     checks_.clear();
     for (std::size_t i = 0; i < sections_.size(); ++i) {
-      checks_.add(i, sections_[i].tensor, index_payload_of(message, sections_[i]));
+      if (sections_[i].indices == index_encoding::chunked_topk) {
+        checks_.add_chunked(i, sections_[i].tensor, chunked_payload_of(message, sections_[i]));
+      } else {
+        checks_.add(i, sections_[i].tensor, index_payload_of(message, sections_[i]));
+      }
     }
   }
 
@@ -369,6 +398,15 @@ class message_unpacker {
   template <class V, class I, executor Executor>
   void decode_section(std::size_t i, I* indices, V* values, Executor& ex) {
     const auto& s = sections_[i];
+    if (s.indices == index_encoding::chunked_topk) {
+      const detail::chunked_payload cp = chunked_payload_of(message_, s);
+      ex.bulk(static_cast<std::size_t>(wire::chunk_count(s.count)), [&](std::size_t t) {
+        const std::uint64_t first = t * wire::chunk_elements;
+        const std::uint64_t last = std::min(s.count, first + wire::chunk_elements);
+        detail::decode_chunked_range(cp, first, last, indices + first, values + first);
+      });
+      return;
+    }
     const detail::index_payload ip = index_payload_of(message_, s);
     const std::byte* p = ip.data;
     const std::byte* vp = p + s.index_bytes;
@@ -443,6 +481,7 @@ class message_unpacker {
       }
       case index_encoding::bitmap:
       case index_encoding::random_k:
+      case index_encoding::chunked_topk:
       case index_encoding::automatic:
         return true;
     }

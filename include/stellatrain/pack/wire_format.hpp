@@ -7,12 +7,14 @@
 
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/dtype.hpp>
+#include <stellatrain/core/float16.hpp>
 
 #include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string_view>
 #include <type_traits>
 
@@ -63,16 +65,27 @@ enum class index_encoding : std::uint8_t {
   delta_bitpacked = 5,  ///< gaps bit-packed 256 at a time with patched exceptions, in chunks
   bitmap = 6,           ///< one bit per tensor element (dense selections)
   random_k = 7,         ///< no indices: the receiver regenerates them from a `random_key`
+  /// The top k of every chunk of 2^b elements: b-bit chunk-local indices (format version 3,
+  /// with the values `chunk_sign` or `chunk_2bit` only; see `chunked_section`).
+  chunked_topk = 8,
 };
 
-/// How a section stores its values (the byte value is the wire id; equal to the `dtype` tag).
+/// How a section stores its values (the byte value is the wire id; fp32, fp16 and bf16 equal
+/// the `dtype` tag).
 enum class value_encoding : std::uint8_t {
   fp32 = 1,  ///< IEEE binary32, 4 bytes
   fp16 = 2,  ///< IEEE binary16, 2 bytes (rounded to nearest even when packing floats)
   bf16 = 3,  ///< bfloat16, 2 bytes (rounded to nearest even when packing floats)
+  /// With `chunked_topk` indices only (version 3): one bf16 scale per chunk, then one sign
+  /// bit per value; a value is +-scale.
+  chunk_sign = 4,
+  /// With `chunked_topk` indices only (version 3): a low and a high bf16 magnitude per chunk,
+  /// then two bits per value (bit 0 the sign, bit 1 the high magnitude).
+  chunk_2bit = 5,
 };
 
-/// Bytes per value of `e` on the wire; 0 for an id that is not a value encoding.
+/// Bytes per value of `e` on the wire; 0 for an id that is not a value encoding of a fixed
+/// width (the chunked ones: `wire::chunked_shape_of`).
 [[nodiscard]] constexpr std::size_t value_bytes(value_encoding e) noexcept {
   switch (e) {
     case value_encoding::fp32:
@@ -80,6 +93,9 @@ enum class value_encoding : std::uint8_t {
     case value_encoding::fp16:
     case value_encoding::bf16:
       return 2;
+    case value_encoding::chunk_sign:
+    case value_encoding::chunk_2bit:
+      return 0;
   }
   return 0;
 }
@@ -107,6 +123,8 @@ inline constexpr value_encoding value_encoding_of = static_cast<value_encoding>(
       return "bitmap";
     case index_encoding::random_k:
       return "random_k";
+    case index_encoding::chunked_topk:
+      return "chunked_topk";
   }
   return "unknown";
 }
@@ -120,6 +138,10 @@ inline constexpr value_encoding value_encoding_of = static_cast<value_encoding>(
       return "fp16";
     case value_encoding::bf16:
       return "bf16";
+    case value_encoding::chunk_sign:
+      return "chunk_sign";
+    case value_encoding::chunk_2bit:
+      return "chunk_2bit";
   }
   return "unknown";
 }
@@ -145,8 +167,12 @@ namespace wire {
 /// The first four bytes of every message: "STPK".
 inline constexpr std::array<std::byte, 4> magic = {std::byte{'S'}, std::byte{'T'}, std::byte{'P'},
                                                    std::byte{'K'}};
-/// The format version this build writes and reads.
-inline constexpr std::uint16_t version = 2;
+/// The newest format version this build writes and reads: version 3 is version 2 with the
+/// chunked encodings. A message is written as version 2 unless it holds a chunked section, so
+/// that a reader of version 2 reads every message it can.
+inline constexpr std::uint16_t version = 3;
+/// The oldest version this build reads.
+inline constexpr std::uint16_t oldest_version = 2;
 /// Bytes of the message header (magic .. tag).
 inline constexpr std::size_t message_header_bytes = 32;
 /// Bytes of the trailer (the CRC-32C of everything before it).
@@ -209,6 +235,54 @@ inline constexpr std::size_t offset_value_bytes = 32;
   return dense_size / 8 + (dense_size % 8 != 0 ? 1 : 0);
 }
 
+/// Bytes before the packed indices of a `chunked_topk` payload: b (1 byte), 3 zero bytes, k
+/// (4 bytes).
+inline constexpr std::size_t chunked_prefix_bytes = 8;
+/// Largest tensor a chunked section holds (so that its sizes cannot overflow).
+inline constexpr std::uint64_t max_chunked_elements = std::uint64_t{1} << 56;
+
+/// The sizes of a chunked section of a tensor of `n` elements, chunks of 2^b elements, k
+/// sent per chunk (every element of a shorter last chunk if it has fewer) and `code_bits`
+/// (1 or 2) per value.
+struct chunked_shape {
+  std::uint64_t chunks = 0;       ///< ceil(n / 2^b)
+  std::uint64_t count = 0;        ///< elements sent
+  std::uint64_t index_bytes = 0;  ///< the prefix and count b-bit indices, to a whole byte
+  std::uint64_t scale_bytes = 0;  ///< 2 bytes per scale, 1 or 2 scales per chunk
+  std::uint64_t value_bytes = 0;  ///< the scales and count codes, to a whole byte
+};
+
+/// The sizes for parameters that are valid: 1 <= b <= 16, 1 <= k <= 2^b, code_bits 1 or 2,
+/// n <= `max_chunked_elements`.
+[[nodiscard]] constexpr chunked_shape chunked_shape_of(std::uint64_t n, unsigned b, std::uint64_t k,
+                                                       unsigned code_bits) noexcept {
+  chunked_shape s;
+  const std::uint64_t full = n >> b;
+  const std::uint64_t rest = n & ((std::uint64_t{1} << b) - 1);
+  s.chunks = full + (rest != 0 ? 1 : 0);
+  s.count = full * k + (rest < k ? rest : k);
+  s.index_bytes = chunked_prefix_bytes + (s.count * b + 7) / 8;
+  s.scale_bytes = 2 * code_bits * s.chunks;
+  s.value_bytes = s.scale_bytes + (s.count * code_bits + 7) / 8;
+  return s;
+}
+
 }  // namespace wire
+
+/// A chunked section as its sender holds it (`message_packer::add_chunked`): the top k of
+/// every chunk of 2^b elements of a tensor of `dense_size` elements, each chunk's indices
+/// chunk-local and ascending, the chunks in order, and the values as codes of `code_bits` bits
+/// packed from the lowest bit of each byte (bit 0 the sign, 1: negative; bit 1 with 2-bit codes:
+/// the high magnitude) with per chunk one scale (1-bit codes) or a low and a high magnitude
+/// (2-bit codes). `chunked_selection` (compress/chunked_codec.hpp) is one.
+struct chunked_section {
+  std::uint64_t dense_size = 0;
+  unsigned chunk_bits = 12;
+  std::uint32_t k = 64;
+  unsigned code_bits = 2;
+  std::span<const std::uint16_t> indices;
+  std::span<const std::uint8_t> codes;
+  std::span<const bf16> scales;
+};
 
 }  // namespace stellatrain

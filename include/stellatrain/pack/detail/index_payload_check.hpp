@@ -7,6 +7,7 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/executor.hpp>
+#include <stellatrain/pack/detail/chunked_payload.hpp>
 #include <stellatrain/pack/detail/crc32c_combine.hpp>
 #include <stellatrain/pack/detail/index_codec.hpp>
 #include <stellatrain/pack/detail/index_payload.hpp>
@@ -117,6 +118,7 @@ namespace stellatrain::detail {
     }
     case index_encoding::bitmap:
     case index_encoding::random_k:
+    case index_encoding::chunked_topk:
     case index_encoding::automatic:
       return true;
   }
@@ -157,6 +159,7 @@ class index_payload_checks {
   void clear() noexcept {
     sections_.clear();
     tasks_.clear();
+    chunked_.clear();
   }
 
   /// Plans the checks of `payload`, the index payload of section `section` (of tensor
@@ -177,16 +180,29 @@ class index_payload_checks {
       case index_encoding::raw_u32:
       case index_encoding::raw_u64:
         for (std::uint64_t c = 0; c < wire::chunk_count(payload.count); ++c) {
-          tasks_.push_back({s, false, c});
+          tasks_.push_back({s, false, c, 0});
         }
         break;
       case index_encoding::bitmap:
-        for (std::uint64_t p = 0; p < bitmap_pieces(payload); ++p) tasks_.push_back({s, true, p});
+        for (std::uint64_t p = 0; p < bitmap_pieces(payload); ++p)
+          tasks_.push_back({s, true, p, 0});
         break;
       case index_encoding::random_k:
+      case index_encoding::chunked_topk:  // add_chunked
       case index_encoding::automatic:
         break;
     }
+  }
+
+  /// Plans the checks of the payloads of chunked section `section`, in ranges of
+  /// `wire::chunk_elements` sent elements.
+  void add_chunked(std::size_t section, std::uint32_t tensor, const chunked_payload& payload) {
+    const auto s = static_cast<std::uint32_t>(sections_.size());
+    sections_.push_back({section, tensor, {index_encoding::chunked_topk}});
+    const auto c = static_cast<std::uint32_t>(chunked_.size());
+    chunked_.push_back(payload);
+    for (std::uint64_t r = 0; r < wire::chunk_count(payload.shape.count); ++r)
+      tasks_.push_back({s, false, r, c});
   }
 
   /// Runs the planned checks and the checksum of `message`. The checksum is compared before
@@ -208,6 +224,13 @@ class index_payload_checks {
       t -= split.pieces;
       const task& job = tasks_[t];
       const index_payload& p = sections_[job.section].payload;
+      if (p.encoding == index_encoding::chunked_topk) {
+        const chunked_payload& cp = chunked_[job.chunked];
+        const std::uint64_t first = job.piece * wire::chunk_elements;
+        const std::uint64_t last = std::min(cp.shape.count, first + wire::chunk_elements);
+        if (!check_chunked_range(cp, first, last, results_[t].failure)) results_[t].failed = true;
+        return;
+      }
       if (job.bitmap) {
         counts_[t] = popcount_bytes(p.data + job.piece * bitmap_piece_bytes,
                                     bitmap_piece_size(p, job.piece));
@@ -246,9 +269,11 @@ class index_payload_checks {
     std::uint32_t section;  // into sections_
     bool bitmap;            // a piece of a bitmap, else a chunk of indices
     std::uint64_t piece;
+    std::uint32_t chunked = 0;  // of a chunked section: into chunked_
   };
 
   std::vector<planned> sections_;
+  std::vector<chunked_payload> chunked_;
   std::vector<task> tasks_;
   std::vector<index_task_result> results_;
   std::vector<std::uint64_t> counts_;

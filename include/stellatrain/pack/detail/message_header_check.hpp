@@ -39,18 +39,18 @@ namespace stellatrain::detail {
                     " (expected the bytes \"STPK\"): not a stellatrain message");
   }
   const auto version = load_le<std::uint16_t>(m + wire::offset_version);
-  if (version != wire::version) {
-    fail_unpack(errc::version_mismatch, "format version " + std::to_string(version) +
-                                            ", this build reads version " +
-                                            std::to_string(wire::version));
+  if (version < wire::oldest_version || version > wire::version) {
+    fail_unpack(errc::version_mismatch,
+                "format version " + std::to_string(version) + ", this build reads versions " +
+                    std::to_string(wire::oldest_version) + " to " + std::to_string(wire::version));
   }
   const auto flags = load_le<std::uint16_t>(m + wire::offset_flags);
   if (flags != 0) fail_unpack(errc::unsupported, "unknown message flags " + hex_string(flags));
   const auto header_bytes = load_le<std::uint32_t>(m + wire::offset_header_bytes);
   if (header_bytes != wire::message_header_bytes) {
     fail_unpack(errc::malformed_message, "header size " + std::to_string(header_bytes) +
-                                             ", version " + std::to_string(wire::version) +
-                                             " has " + std::to_string(wire::message_header_bytes));
+                                             ", version " + std::to_string(version) + " has " +
+                                             std::to_string(wire::message_header_bytes));
   }
   const auto stated = load_le<std::uint64_t>(m + wire::offset_message_bytes);
   if (stated > size) {

@@ -31,6 +31,9 @@ struct packer_section {
   index_encoding requested = index_encoding::automatic;
   index_encoding chosen = index_encoding::automatic;
   random_key key{};
+  chunked_section chunked{};  // of a chunked_topk section
+  wire::chunked_shape shape{};
+  std::uint64_t value_bytes = 0;  // of its value payload
   std::uint64_t first_chunk = 0;  // into the chunk table
   std::uint64_t chunks = 0;
   std::uint64_t scratch_offset = 0;  // of its delta_bitpacked chunks, if encoded
@@ -72,6 +75,8 @@ decltype(auto) with_values(const packer_section& s, F&& f) {
     case value_encoding::bf16:
       return f(static_cast<const bf16*>(s.values));
     case value_encoding::fp32:
+    case value_encoding::chunk_sign:  // a chunked section has no typed values
+    case value_encoding::chunk_2bit:
       break;
   }
   return f(static_cast<const float*>(s.values));

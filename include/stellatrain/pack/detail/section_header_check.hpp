@@ -8,6 +8,7 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/philox.hpp>
+#include <stellatrain/pack/detail/chunked_payload.hpp>
 #include <stellatrain/pack/detail/unpack_error.hpp>
 #include <stellatrain/pack/wire_format.hpp>
 
@@ -133,23 +134,43 @@ void check_index_bytes(const wire_section_header& s, const What& what) {
                                                  " indices");
       }
       return;
+    case index_encoding::chunked_topk:
+      // The rest once the prefix can be read: check_chunked_sizes.
+      if (s.index_bytes < wire::chunked_prefix_bytes) {
+        fail_unpack(errc::malformed_message, what() + ": chunked_topk payload of " +
+                                                 std::to_string(s.index_bytes) +
+                                                 " bytes has no room for its prefix");
+      }
+      return;
     case index_encoding::automatic:
       return;
   }
 }
 
+/// Whether `v` is a value encoding of chunked sections.
+[[nodiscard]] constexpr bool is_chunked(value_encoding v) noexcept {
+  return v == value_encoding::chunk_sign || v == value_encoding::chunk_2bit;
+}
+
 /// Checks a tensor section's header whose tensor the receiver expects: known encodings, no
 /// more pairs than elements, payload sizes that fit the encodings and the count, and payloads
 /// inside the `room` bytes that follow the header. `what()` names the section.
+/// In a message of format version `version`.
 template <class What>
-void check_tensor_header(const wire_section_header& s, std::uint64_t room, const What& what) {
-  if (s.index_id < 1 || s.index_id > static_cast<std::uint8_t>(index_encoding::random_k)) {
-    fail_unpack(errc::malformed_message,
-                what() + ": unknown index encoding " + std::to_string(s.index_id));
+void check_tensor_header(const wire_section_header& s, std::uint64_t room, std::uint16_t version,
+                         const What& what) {
+  const bool v3 = version >= 3;  // the chunked encodings
+  const auto last_index = v3 ? index_encoding::chunked_topk : index_encoding::random_k;
+  const auto last_value = v3 ? value_encoding::chunk_2bit : value_encoding::bf16;
+  if (s.index_id < 1 || s.index_id > static_cast<std::uint8_t>(last_index)) {
+    fail_unpack(errc::malformed_message, what() + ": unknown index encoding " +
+                                             std::to_string(s.index_id) + " in version " +
+                                             std::to_string(version));
   }
-  if (s.value_id < 1 || s.value_id > static_cast<std::uint8_t>(value_encoding::bf16)) {
-    fail_unpack(errc::malformed_message,
-                what() + ": unknown value encoding " + std::to_string(s.value_id));
+  if (s.value_id < 1 || s.value_id > static_cast<std::uint8_t>(last_value)) {
+    fail_unpack(errc::malformed_message, what() + ": unknown value encoding " +
+                                             std::to_string(s.value_id) + " in version " +
+                                             std::to_string(version));
   }
   if (s.count > s.dense_size) {
     fail_unpack(errc::malformed_message, what() + ": " + std::to_string(s.count) +
@@ -157,8 +178,17 @@ void check_tensor_header(const wire_section_header& s, std::uint64_t room, const
                                              std::to_string(s.dense_size) + " elements");
   }
   const auto values = static_cast<value_encoding>(s.value_id);
-  const std::uint64_t vb = value_bytes(values);
-  if (s.value_bytes % vb != 0 || s.value_bytes / vb != s.count) {
+  const bool chunked_indices =
+      s.index_id == static_cast<std::uint8_t>(index_encoding::chunked_topk);
+  if (chunked_indices != is_chunked(values)) {
+    fail_unpack(
+        errc::malformed_message,
+        what() + ": " + std::string(name_of(static_cast<index_encoding>(s.index_id))) +
+            " indices with " + std::string(name_of(values)) +
+            " values (chunked_topk goes with chunk_sign or chunk_2bit, and only with them)");
+  }
+  const std::uint64_t vb = chunked_indices ? 1 : value_bytes(values);
+  if (!chunked_indices && (s.value_bytes % vb != 0 || s.value_bytes / vb != s.count)) {
     fail_unpack(errc::malformed_message,
                 what() + ": value payload of " + std::to_string(s.value_bytes) + " bytes for " +
                     std::to_string(s.count) + " " + std::string(name_of(values)) + " values");
@@ -170,6 +200,45 @@ void check_tensor_header(const wire_section_header& s, std::uint64_t room, const
                                              " bytes run past the end of the message (" +
                                              std::to_string(room) + " bytes left)");
   }
+}
+
+/// Checks a chunked section's prefix (`payload`: its index payload, inside the message) and
+/// its sizes against the header; returns the prefix.
+template <class What>
+chunked_prefix check_chunked_sizes(const wire_section_header& s, const std::byte* payload,
+                                   const What& what) {
+  const chunked_prefix p = chunked_prefix::read(payload);
+  if (p.chunk_bits < 1 || p.chunk_bits > 16 || p.reserved != 0) {
+    fail_unpack(errc::malformed_message,
+                what() + ": chunked_topk prefix: b = " + std::to_string(p.chunk_bits) +
+                    " (1 to 16) and reserved bytes " + (p.reserved != 0 ? "set" : "zero"));
+  }
+  if (p.k < 1 || p.k > (std::uint64_t{1} << p.chunk_bits)) {
+    fail_unpack(errc::malformed_message, what() +
+                                             ": chunked_topk prefix: k = " + std::to_string(p.k) +
+                                             " for chunks of 2^" + std::to_string(p.chunk_bits));
+  }
+  if (s.dense_size > wire::max_chunked_elements) {
+    fail_unpack(errc::malformed_message, what() + ": a chunked section of a tensor of " +
+                                             std::to_string(s.dense_size) +
+                                             " elements (at most 2^56)");
+  }
+  const unsigned code_bits =
+      s.value_id == static_cast<std::uint8_t>(value_encoding::chunk_2bit) ? 2 : 1;
+  const wire::chunked_shape shape =
+      wire::chunked_shape_of(s.dense_size, p.chunk_bits, p.k, code_bits);
+  if (s.count != shape.count || s.index_bytes != shape.index_bytes ||
+      s.value_bytes != shape.value_bytes) {
+    fail_unpack(errc::malformed_message,
+                what() + ": " + std::to_string(s.count) + " pairs in " +
+                    std::to_string(s.index_bytes) + " + " + std::to_string(s.value_bytes) +
+                    " bytes, but " + std::to_string(p.k) + " of every 2^" +
+                    std::to_string(p.chunk_bits) + " elements of " + std::to_string(s.dense_size) +
+                    " are " + std::to_string(shape.count) + " pairs in " +
+                    std::to_string(shape.index_bytes) + " + " + std::to_string(shape.value_bytes) +
+                    " bytes");
+  }
+  return p;
 }
 
 /// The key of a random_k section, from the start of its index payload.

@@ -76,6 +76,9 @@ void encode_values(const V* STELLATRAIN_RESTRICT src, std::size_t n, value_encod
       for (; i < n; ++i) store_le<std::uint16_t>(out + 2 * i, fp16(to_float(src[i])).bits());
       return;
     }
+    case value_encoding::chunk_sign:  // chunked sections: detail/chunked_payload.hpp
+    case value_encoding::chunk_2bit:
+      return;
   }
 }
 
@@ -111,6 +114,9 @@ void decode_values(const std::byte* STELLATRAIN_RESTRICT in, std::size_t n, valu
         dst[i] = from_float<V>(float_from_fp16_bits(load_le<std::uint16_t>(in + 2 * i)));
       return;
     }
+    case value_encoding::chunk_sign:  // chunked sections: detail/chunked_payload.hpp
+    case value_encoding::chunk_2bit:
+      return;
   }
 }
 
