@@ -33,6 +33,7 @@
 #include <stellatrain/select/topk_threshold_state.hpp>
 
 #include <stellatrain/compress/chunked_codec.hpp>
+#include <stellatrain/compress/chunked_compressor.hpp>
 #include <stellatrain/compress/compressor.hpp>
 #include <stellatrain/compress/error_feedback.hpp>
 

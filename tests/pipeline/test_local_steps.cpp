@@ -2,6 +2,7 @@
 // Local steps: the outer step equals DiLoCo's on the (weighted) mean pseudo-gradient, every
 // rank holds the same bits after each outer step (flat and hierarchical), H = 1 is the
 // per-step exchange, and bad use fails with clear errors.
+#include <stellatrain/compress/chunked_compressor.hpp>
 #include <stellatrain/compress/error_feedback.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 #include <stellatrain/optim/sgd.hpp>
@@ -15,10 +16,13 @@
 #include "catch.hpp"
 #include "pipeline_support.hpp"
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 using namespace stellatrain;
@@ -51,11 +55,11 @@ void inner_step(params_t& replica, int rank, std::int64_t step) {
 // each outer step.
 template <class Pipeline>
 std::vector<params_t> train_local(Pipeline& p, int rank, std::uint32_t h, int outer_steps,
-                                  double weight = 0) {
+                                  double weight = 0, std::int64_t first_step = 0) {
   params_t replica = shaped_like_sizes();
   const auto spans = spans_of(replica);
   std::vector<params_t> after;
-  std::int64_t step = 0;
+  std::int64_t step = first_step;
   // docs/guide/pipeline.md shows the lines between the "// [local_steps]" lines.
   // [local_steps]
   stellatrain::local_steps loop(p, {.inner_steps = h, .weight = weight});
@@ -185,6 +189,51 @@ TEST_CASE("local steps: every rank holds the same bits after each outer step",
           result[0][static_cast<std::size_t>(o - 1)][0]);
 }
 
+// SparseLoCo's exchange: the chunked compressor (16 of every 256, 2-bit values, feedback decay
+// 0.95) and a plain outer SGD of rate 1. The sections travel chunked: fewer bytes than the same
+// density as bf16 values with delta indices.
+TEST_CASE("local steps: chunked 2-bit sections, every rank the same bits",
+          "[pipeline][local_steps]") {
+  const std::uint32_t h = 3;
+  const int outer_steps = 4;
+  const double density = 16.0 / 256;
+  const pipeline_options opt{.bucket_bytes = 20000, .staleness = 0};
+  std::vector<std::vector<params_t>> chunked(4);
+  std::vector<pipeline_stats> chunked_stats(4), bf16_stats(4);
+  run_in_process(4, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{1};
+    {
+      pipeline p(
+          t, pool,
+          chunked_compressor<>({.chunk_bits = 8, .bits = chunk_value_bits::two, .decay = 0.95f}),
+          sgd_optimizer({.lr = 1.0f}), opt, fixed_density{density});
+      add_sizes(p, r);
+      p.start();
+      chunked[static_cast<std::size_t>(r)] = train_local(p, r, h, outer_steps);
+      chunked_stats[static_cast<std::size_t>(r)] = p.stats();
+    }
+    pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, bf16>(),
+               sgd_optimizer({.lr = 1.0f}),
+               {.bucket_bytes = 20000, .staleness = 0, .tag_base = 30000}, fixed_density{density});
+    add_sizes(p, r);
+    p.start();
+    train_local(p, r, h, outer_steps);
+    bf16_stats[static_cast<std::size_t>(r)] = p.stats();
+  });
+  require_same_on_every_rank(chunked);
+  for (int o = 1; o < outer_steps; ++o)
+    CHECK(chunked[0][static_cast<std::size_t>(o)][4] !=
+          chunked[0][static_cast<std::size_t>(o - 1)][4]);
+  // 16 of every 256 in each tensor (all of a shorter last chunk's up to 16).
+  CHECK(chunked_stats[0].elements_sent > 0);
+  const double chunked_bytes = static_cast<double>(chunked_stats[0].bytes_sent);
+  const double bf16_bytes = static_cast<double>(bf16_stats[0].bytes_sent);
+  INFO("bytes per outer step: chunked " << chunked_bytes / outer_steps << ", bf16 top-k "
+                                        << bf16_bytes / outer_steps);
+  CHECK(chunked_bytes < 0.75 * bf16_bytes);
+}
+
 // With H = 1, an inner SGD of rate lr and a plain outer SGD of rate 1, the outer step applies
 // the compressed mean of lr * g: the per-step exchange with SGD of rate lr. Random-k picks the
 // same indices in both runs (a function of the step and tensor), so that rounding alone
@@ -261,4 +310,118 @@ TEST_CASE("local steps: bad use fails with clear errors", "[pipeline][local_step
     CHECK(loop.inner_steps_done() == 0);
     p.flush();
   });
+}
+
+namespace {
+// Throws from its compress call on one rank at one call.
+struct failing_chunked : chunked_compressor<> {
+  using chunked_compressor<>::chunked_compressor;
+  int rank = 0;
+  int fail_rank = -1;
+  int calls = 0;
+  int fail_at = 0;
+  template <executor E>
+  selection_stats compress(E& ex, std::uint32_t id, std::span<const float> g, std::uint64_t k,
+                           sparse_buffer<float>& out) {
+    if (rank == fail_rank && ++calls == fail_at) throw std::runtime_error("injected failure");
+    return chunked_compressor<>::compress(ex, id, g, k, out);
+  }
+};
+static_assert(compressor<failing_chunked>);
+}  // namespace
+
+// A checkpoint taken right after an outer step holds all the outer loop's state: the outer
+// parameters and the outer optimizer's momentum, the chunked compressor's feedback.
+TEST_CASE("local steps: a checkpoint after an outer step resumes bit-identically",
+          "[pipeline][local_steps]") {
+  const int ranks = 3;
+  const std::uint32_t h = 2;
+  auto make = [](in_process_transport& t, thread_pool& pool) {
+    return pipeline(t, pool, chunked_compressor<>({.chunk_bits = 8, .decay = 0.95f}),
+                    sgd_optimizer({.lr = 0.7f, .momentum = 0.9f, .nesterov = true}),
+                    {.bucket_bytes = 20000, .staleness = 0, .dense_threshold = 0},
+                    fixed_density{16.0 / 256});
+  };
+  std::vector<std::vector<std::byte>> saved(ranks);
+  std::vector<std::vector<params_t>> straight(ranks), restored(ranks);
+  run_in_process(ranks, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{1};
+    auto p = make(t, pool);
+    add_sizes(p, r);
+    p.start();
+    train_local(p, r, h, 2);
+    saved[static_cast<std::size_t>(r)] = p.save_checkpoint();
+    straight[static_cast<std::size_t>(r)] = train_local(p, r, h, 3, 0, 2 * h);
+  });
+  run_in_process(ranks, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{1};
+    auto p = make(t, pool);
+    add_sizes(p, 2 - r);
+    p.start();
+    p.load_checkpoint(saved[static_cast<std::size_t>(r)]);
+    restored[static_cast<std::size_t>(r)] = train_local(p, r, h, 3, 0, 2 * h);
+  });
+  for (std::size_t r = 0; r < straight.size(); ++r) {
+    REQUIRE(restored[r].size() == straight[r].size());
+    for (std::size_t o = 0; o < straight[r].size(); ++o)
+      require_same_bits(straight[r][o], restored[r][o]);
+  }
+}
+
+// A rank that fails in its outer exchange makes every rank's outer step throw, well within
+// the timeout, and no rank's replica takes anything of that exchange.
+TEST_CASE("local steps: a rank failing in the outer exchange fails every rank",
+          "[pipeline][local_steps]") {
+  const int ranks = 3;
+  std::vector<int> failed(ranks, 0);
+  std::vector<char> replica_kept(ranks, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_in_process(ranks, [&](in_process_transport& t) {
+      const int r = t.rank();
+      thread_pool pool{1};
+      failing_chunked c({.chunk_bits = 8});
+      c.rank = r;
+      c.fail_rank = 1;
+      c.fail_at = 2 * static_cast<int>(sizes.size()) + 1;  // in the third outer step
+      pipeline p(t, pool, std::move(c), sgd_optimizer({.lr = 1.0f}),
+                 {.bucket_bytes = 20000, .staleness = 0, .timeout = std::chrono::seconds(20)},
+                 fixed_density{0.1});
+      add_sizes(p, r);
+      p.start();
+      params_t replica = shaped_like_sizes();
+      const auto spans = spans_of(replica);
+      for (std::size_t i = 0; i < p.tensor_count(); ++i) p.copy_params(i, spans[i]);
+      local_steps loop(p, {.inner_steps = 2});
+      std::int64_t step = 0;
+      try {
+        while (loop.outer_steps() < 5) {
+          inner_step(replica, r, step++);
+          const params_t before = replica;
+          try {
+            loop.step(spans);
+          } catch (...) {
+            replica_kept[static_cast<std::size_t>(r)] = replica == before;
+            throw;
+          }
+        }
+      } catch (const std::exception&) {
+        failed[static_cast<std::size_t>(r)] = 1 + static_cast<int>(loop.outer_steps());
+        throw;
+      }
+    });
+    FAIL("no rank failed");
+  } catch (const std::exception& e) {
+    INFO(e.what());
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(seconds < 20.0);
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    CHECK(failed[static_cast<std::size_t>(r)] == 3);  // in the third outer step (2 done)
+    CHECK(replica_kept[static_cast<std::size_t>(r)] == 1);
+  }
 }

@@ -6,6 +6,7 @@
 #include <stellatrain/core/dtype.hpp>
 #include <stellatrain/core/executor.hpp>
 #include <stellatrain/core/sparse.hpp>
+#include <stellatrain/pack/wire_format.hpp>
 #include <stellatrain/select/selection.hpp>
 
 #include <concepts>
@@ -69,5 +70,16 @@ concept compressor = value_type<typename C::value_type> && index_type<typename C
   { cc.save_state() } -> std::same_as<std::vector<std::byte>>;
   c.load_state(ex, saved);
 };
+
+namespace detail {
+
+// A compressor whose selections travel as chunked sections (`chunked_compressor`): after
+// `compress` of tensor `id`, `wire_section(id)` is the same selection as the wire carries it.
+template <class C>
+concept packs_chunked = requires(const C& c, std::uint32_t id) {
+  { c.wire_section(id) } -> std::same_as<chunked_section>;
+};
+
+}  // namespace detail
 
 }  // namespace stellatrain

@@ -38,8 +38,9 @@ namespace stellatrain {
 /// (`pipeline_options::algorithm`) brings every rank every rank's message (`exchange`); each
 /// rank reads the messages in rank order, never by arrival (`decode`), and merges them
 /// (k-way merge or a dense scatter, `sparse_merger`) into the same update (`update`).
-/// A selection handed over instead of a gradient is packed as it is. Built by the pipeline
-/// from its first constructor argument, a transport: `pipeline p(transport, executor,
+/// A selection handed over instead of a gradient is packed as it is. A compressor with a wire
+/// section of its own (`chunked_compressor::wire_section`) is packed as that section. Built by the
+/// pipeline from its first constructor argument, a transport: `pipeline p(transport, executor,
 /// compressor, optimizer, ...)`.
 template <transport Transport, compressor Compressor>
 class flat_exchange {
@@ -96,6 +97,12 @@ class flat_exchange {
                              in.rule.k(t.size, t.size), bs.selections[i]);
       }
       elements += selection.size();
+      if constexpr (detail::packs_chunked<Compressor>) {
+        if (!handed_over) {  // the compressor's own wire section (chunked_compressor)
+          bs.packer.add_chunked(t.id, compressor_.wire_section(t.id));
+          continue;
+        }
+      }
       bs.packer.add(t.id, selection.view(),
                     {.indices = options_.wire_indices, .values = value_encoding_of<value_type>});
     }
