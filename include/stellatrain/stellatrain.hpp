@@ -82,4 +82,5 @@
 #include <stellatrain/pipeline/pipeline_options.hpp>
 #include <stellatrain/pipeline/runtime_exchange.hpp>
 #include <stellatrain/pipeline/step_reports.hpp>
+#include <stellatrain/pipeline/streaming_local_steps.hpp>
 #include <stellatrain/pipeline/update_record.hpp>

@@ -8,10 +8,12 @@
 #include <stellatrain/optim/sgd.hpp>
 #include <stellatrain/pipeline/local_steps.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
+#include <stellatrain/pipeline/streaming_local_steps.hpp>
 #include <stellatrain/select/exact_topk.hpp>
 #include <stellatrain/select/random_k.hpp>
 #include <stellatrain/select/threshold.hpp>
 #include <stellatrain/transport/in_process.hpp>
+#include <stellatrain/transport/shaping.hpp>
 
 #include "catch.hpp"
 #include "pipeline_support.hpp"
@@ -21,8 +23,10 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <span>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 using namespace stellatrain;
@@ -424,4 +428,209 @@ TEST_CASE("local steps: a rank failing in the outer exchange fails every rank",
     CHECK(failed[static_cast<std::size_t>(r)] == 3);  // in the third outer step (2 done)
     CHECK(replica_kept[static_cast<std::size_t>(r)] == 1);
   }
+}
+
+TEST_CASE("local steps: inner_steps_for", "[pipeline][local_steps]") {
+  // x (1 - f) / (f c): 0.1 s of exchange at 10% next to 10 ms steps: 90 steps.
+  CHECK(inner_steps_for(0.1, 0.01, 0.1, 1, 500, 7) == 90);
+  CHECK(inner_steps_for(0.1, 0.01, 0.5, 1, 500, 7) == 10);
+  CHECK(inner_steps_for(0.1, 0.03, 0.5, 1, 500, 7) == 4);  // 3.33 rounds up
+  CHECK(inner_steps_for(0.1, 0.01, 0.1, 1, 50, 7) == 50);
+  CHECK(inner_steps_for(0.0, 0.01, 0.1, 2, 50, 7) == 2);
+  CHECK(inner_steps_for(0.1, 0.0, 0.1, 2, 50, 7) == 7);  // no compute measured
+  CHECK(inner_steps_for(0.1, 0.0, 0.1, 8, 50, 7) == 8);
+  CHECK(inner_steps_for(std::numeric_limits<double>::infinity(), 0.01, 0.1, 1, 50, 7) == 7);
+}
+
+// The controller on a link that changes: inner steps of 20 ms on a fast link need few of them
+// per exchange, then the link drops to 3 Mbit/s (an exchange of the toy model's dense fp32
+// pseudo-gradients then takes about 0.45 s, 11 steps of 40 ms, of 20 ms on a quiet machine)
+// and H rises to its bound within three outer steps.
+// Every rank chooses the same H at every outer step.
+TEST_CASE("local steps: the controller follows the link, every rank alike",
+          "[pipeline][local_steps]") {
+  const int ranks = 3;
+  const int fast_steps = 5;
+  const int slow_steps = 4;
+  std::vector<std::vector<std::uint32_t>> chosen(ranks);
+  run_in_process(ranks, [&](in_process_transport& raw) {
+    const int r = raw.rank();
+    shaped_transport<in_process_transport> t(std::move(raw), {.bits_per_second = 0});
+    thread_pool pool{1};
+    pipeline p(t, pool, error_feedback_compressor<exact_topk_selector<>, float>(),
+               sgd_optimizer({.lr = 1.0f}), {.bucket_bytes = 1 << 20, .staleness = 0},
+               fixed_density{1.0});
+    add_sizes(p, r);
+    p.start();
+    params_t replica = shaped_like_sizes();
+    const auto spans = spans_of(replica);
+    for (std::size_t i = 0; i < p.tensor_count(); ++i) p.copy_params(i, spans[i]);
+    local_steps loop(
+        p, {.inner_steps = 4, .min_inner_steps = 1, .max_inner_steps = 8, .exchange_share = 0.5});
+    std::int64_t step = 0;
+    auto& mine = chosen[static_cast<std::size_t>(r)];
+    while (loop.outer_steps() < fast_steps + slow_steps) {
+      inner_step(replica, r, step++);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (loop.step(spans)) {
+        mine.push_back(loop.inner_steps());
+        if (loop.outer_steps() == fast_steps) t.set_rate(3e6);
+      }
+    }
+  });
+  for (int r = 1; r < ranks; ++r) CHECK(chosen[static_cast<std::size_t>(r)] == chosen[0]);
+  INFO("H after each outer step: " << Catch::Detail::stringify(chosen[0]));
+  REQUIRE(chosen[0].size() == static_cast<std::size_t>(fast_steps + slow_steps));
+  // On the fast link an exchange takes milliseconds against 20 ms per inner step.
+  CHECK(chosen[0][fast_steps - 1] <= 3);
+  // Each rank sends 2 x 83 KB at 3 Mbit/s: about 0.45 s against steps of 20 to 40 ms.
+  CHECK(chosen[0].back() == 8);
+  CHECK(chosen[0][fast_steps + 2] == 8);
+}
+
+// With F = 1, tau = 0 and mix 0, streaming is local steps, to the bit.
+TEST_CASE("streaming local steps: one fragment, no delay, are local steps",
+          "[pipeline][local_steps][streaming]") {
+  const int ranks = 3;
+  const std::uint32_t h = 3;
+  std::vector<params_t> plain(ranks), streamed(ranks);
+  run_in_process(ranks, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{1};
+    auto make = [&](tag_type tag_base) {
+      return pipeline(
+          t, pool, chunked_compressor<>({.chunk_bits = 8, .decay = 0.95f}),
+          sgd_optimizer({.lr = 0.7f, .momentum = 0.9f, .nesterov = true}),
+          {.bucket_bytes = 20000, .staleness = 0, .tag_base = tag_base, .dense_threshold = 0},
+          fixed_density{16.0 / 256});
+    };
+    {
+      auto p = make(4096);
+      add_sizes(p, r);
+      p.start();
+      plain[static_cast<std::size_t>(r)] = train_local(p, r, h, 4).back();
+    }
+    auto p = make(30000);
+    add_sizes(p, r);
+    p.start();
+    params_t replica = shaped_like_sizes();
+    const auto spans = spans_of(replica);
+    for (std::size_t i = 0; i < p.tensor_count(); ++i) p.copy_params(i, spans[i]);
+    decltype(&p) fragments[] = {&p};
+    streaming_local_steps loop(std::span<decltype(&p) const>(fragments), {.inner_steps = h});
+    std::int64_t step = 0;
+    while (loop.merges() < 4) {
+      inner_step(replica, r, step++);
+      loop.step(spans);
+    }
+    streamed[static_cast<std::size_t>(r)] = replica;
+  });
+  for (int r = 0; r < ranks; ++r)
+    require_same_bits(streamed[static_cast<std::size_t>(r)], plain[static_cast<std::size_t>(r)]);
+}
+
+// Two fragments (tensors 0-2 and 3-5, a pipeline each) sent in turn every 4 inner steps,
+// merged one inner step later with mix 0.25: each merge follows the rule, and every
+// fragment's outer parameters are the same bits on every rank.
+TEST_CASE("streaming local steps: fragments in turn, merged tau steps later",
+          "[pipeline][local_steps][streaming]") {
+  const int ranks = 3;
+  const std::uint32_t h = 4;
+  const std::uint32_t tau = 1;
+  const float mix = 0.25f;
+  const std::size_t split = 3;  // fragment 0: tensors 0..2, fragment 1: 3..5
+  std::vector<std::vector<params_t>> outers(ranks);
+  std::vector<int> merges_checked(ranks, 0);
+  run_in_process(ranks, [&](in_process_transport& t) {
+    const int r = t.rank();
+    thread_pool pool{1};
+    auto make = [&](tag_type tag_base) {
+      return pipeline(
+          t, pool, error_feedback_compressor<exact_topk_selector<>, float>(),
+          sgd_optimizer({.lr = 0.7f, .momentum = 0.9f, .nesterov = true}),
+          {.bucket_bytes = 20000, .staleness = 0, .tag_base = tag_base, .dense_threshold = 0},
+          fixed_density{0.1});
+    };
+    auto p0 = make(4096);
+    auto p1 = make(30000);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      auto& p = i < split ? p0 : p1;
+      p.add_tensor(static_cast<std::uint32_t>(i), initial_values(sizes[i], r, i));
+    }
+    p0.start();
+    p1.start();
+    params_t replica = shaped_like_sizes();
+    const auto spans = spans_of(replica);
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      (i < split ? p0 : p1).copy_params(i < split ? i : i - split, spans[i]);
+    decltype(&p0) fragments[] = {&p0, &p1};
+    streaming_local_steps loop(std::span<decltype(&p0) const>(fragments),
+                               {.inner_steps = h, .delay = tau, .mix = mix});
+    CHECK(loop.offset(1) == 2);
+    auto& mine = outers[static_cast<std::size_t>(r)];
+    for (std::int64_t step = 0; step < 6 * static_cast<std::int64_t>(h); ++step) {
+      inner_step(replica, r, step);
+      const params_t before = replica;
+      const std::int64_t t_next = step + 1;  // the inner step loop.step counts
+      // Fragment f is sent when t = offset(f) (mod h), merged tau steps later.
+      std::vector<std::size_t> due;
+      for (std::size_t f = 0; f < 2; ++f) {
+        if (t_next > tau && (t_next - tau) % h == loop.offset(f) % h) due.push_back(f);
+      }
+      CHECK(loop.step(spans) == due.size());
+      for (std::size_t f : due) {
+        auto& p = f == 0 ? p0 : p1;
+        params_t outer;
+        for (std::size_t i = 0; i < p.tensor_count(); ++i) {
+          outer.emplace_back(p.tensor_size(i));
+          p.copy_params(i, outer.back());
+          const std::size_t g = f * split + i;
+          for (std::size_t j = 0; j < outer.back().size(); ++j) {
+            REQUIRE(replica[g][j] ==
+                    Approx((1.0f - mix) * outer.back()[j] + mix * before[g][j]).epsilon(1e-6));
+          }
+          // Not sent in between: the other fragment's tensors are the inner step's.
+        }
+        mine.push_back(std::move(outer));
+        ++merges_checked[static_cast<std::size_t>(r)];
+      }
+    }
+    p0.flush();
+    p1.flush();
+  });
+  require_same_on_every_rank(outers);
+  CHECK(merges_checked[0] >= 10);
+}
+
+TEST_CASE("streaming local steps: bad use fails with clear errors",
+          "[pipeline][local_steps][streaming]") {
+  run_in_process(1, [&](in_process_transport& t) {
+    thread_pool pool{1};
+    using compressor_t = error_feedback_compressor<exact_topk_selector<>, float>;
+    pipeline p(t, pool, compressor_t(), sgd_optimizer(), {}, fixed_density{1.0});
+    add_sizes(p, 0);
+    p.start();
+    decltype(&p) one[] = {&p};
+    const std::span<decltype(&p) const> fragments(one);
+    auto what = [&](streaming_options o) {
+      try {
+        streaming_local_steps l(fragments, o);
+      } catch (const error& e) {
+        CHECK(e.code() == errc::invalid_argument);
+        return std::string(e.what());
+      }
+      FAIL("no error");
+      return std::string();
+    };
+    CHECK_THAT(what({.inner_steps = 0}), Catch::Matchers::Contains("inner_steps"));
+    CHECK_THAT(what({.inner_steps = 4, .delay = 4}), Catch::Matchers::Contains("delay"));
+    CHECK_THAT(what({.inner_steps = 4, .mix = 1.0f}), Catch::Matchers::Contains("mix"));
+    CHECK_THAT(what({.weight = 0.5}), Catch::Matchers::Contains("reduction::sum"));
+    streaming_local_steps loop(fragments, {.inner_steps = 2});
+    params_t replica = shaped_like_sizes();
+    replica[1].resize(2);
+    CHECK_THROWS_WITH(loop.step(spans_of(replica)),
+                      Catch::Matchers::Contains("tensor 1 of the replica has 2 elements"));
+    p.flush();
+  });
 }
