@@ -185,10 +185,10 @@ std::optional<int> parse_options(int argc, char** argv, settings& s) {
       ->capture_default_str();
   app.add_option("--mode", modes,
                  "modes to run, comma-separated: all, both (dense,stellatrain), dense, "
-                 "dense-hier, stellatrain, stellatrain-hier [all]")
+                 "dense-hier, stellatrain, stellatrain-hier, stellatrain-local [all]")
       ->delimiter(',')
-      ->check(
-          CLI::IsMember({"all", "both", "dense", "dense-hier", "stellatrain", "stellatrain-hier"}));
+      ->check(CLI::IsMember({"all", "both", "dense", "dense-hier", "stellatrain",
+                             "stellatrain-hier", "stellatrain-local"}));
   app.add_option("--batch", s.batch, "examples per rank and step")
       ->check(integer_in(1, 1 << 16))
       ->capture_default_str();
@@ -207,6 +207,10 @@ std::optional<int> parse_options(int argc, char** argv, settings& s) {
   app.add_option("--decay-steps", s.decay_steps,
                  "steps of that decay (0: each mode keeps its rate)")
       ->check(integer_in(0, max_int))
+      ->capture_default_str();
+  app.add_option("--local-steps", s.local_steps,
+                 "H of the stellatrain-local mode: inner Adam steps per outer step")
+      ->check(integer_in(1, 10000))
       ->capture_default_str();
   app.add_option("--staleness", s.staleness,
                  "the pipeline's staleness, 0 or 1 (with 1, a step's exchange and update run "

@@ -67,6 +67,7 @@ json options_of(const settings& s) {
           {"lr_end", decimal(s.lr_end)},
           {"decay_steps", s.decay_steps},
           {"staleness", s.staleness},
+          {"local_steps", s.local_steps},
           {"split", s.split},
           {"split_interval", s.split_interval},
           {"slow_ranks", slow_ranks_of(s)},

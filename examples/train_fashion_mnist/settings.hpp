@@ -41,6 +41,7 @@ struct settings {
   std::uint64_t seed = 1;
   std::string data = default_directory;
   int staleness = 0;
+  int local_steps = 8;          // H of the stellatrain-local mode
   std::string split = "equal";  // equal | holistic: how the global batch goes to the ranks
   int split_interval = 10;      // steps between the ranks' exchanges of compute times
   std::vector<std::pair<int, double>> slow_ranks;  // (rank, factor): compute emulated slower
@@ -53,9 +54,10 @@ struct settings {
 };
 
 /// The modes, in the order they run: dense and stellatrain, each flat (every rank exchanges
-/// with every rank) and hierarchical (reduced inside each cluster, exchanged between them).
+/// with every rank) and hierarchical (reduced inside each cluster, exchanged between them),
+/// and stellatrain with local steps (flat).
 inline const std::vector<std::string> mode_names{"dense", "dense-hier", "stellatrain",
-                                                 "stellatrain-hier"};
+                                                 "stellatrain-hier", "stellatrain-local"};
 
 struct data {
   dataset train;

@@ -3,17 +3,22 @@
 // ring all-reduce, as PyTorch DDP does), "dense-hier" (reduced inside each cluster, all-reduced
 // between clusters, as a topology-aware all-reduce does), "stellatrain" (the pipeline: top-k
 // selection with error feedback, packing, sparse all-gather, the CPU optimizer and the
-// bandwidth-adaptive density controller) and "stellatrain-hier" (the pipeline's hierarchical
-// exchange: each cluster's uplink carries its selection once).
+// bandwidth-adaptive density controller), "stellatrain-hier" (the pipeline's hierarchical
+// exchange: each cluster's uplink carries its selection once) and "stellatrain-local" (local
+// steps: H inner Adam steps per rank, then the pseudo-gradients through the chunked 2-bit codec
+// and a plain outer SGD, SparseLoCo's recipe).
 #include "training.hpp"
 
 #include "mlp.hpp"
 
 #include <stellatrain/batch/batch_split_agreement.hpp>
 #include <stellatrain/batch/split_sampler.hpp>
+#include <stellatrain/compress/chunked_compressor.hpp>
 #include <stellatrain/compress/error_feedback.hpp>
 #include <stellatrain/core/thread_pool.hpp>
 #include <stellatrain/optim/adam.hpp>
+#include <stellatrain/optim/sgd.hpp>
+#include <stellatrain/pipeline/local_steps.hpp>
 #include <stellatrain/pipeline/pipeline.hpp>
 #include <stellatrain/pipeline/runtime_exchange.hpp>
 #include <stellatrain/transport/allgather.hpp>
@@ -551,6 +556,106 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
   st::barrier(t);
 }
 
+// Local steps: every rank trains its replica with its own Adam for H steps; then the
+// pseudo-gradients (outer - replica) go through the chunked codec (64 of every 4096, 2-bit
+// values, error feedback with decay 0.95), the flat sparse all-gather and a plain outer SGD of
+// rate 1, and every replica becomes the outer parameters. Evaluations read the outer
+// parameters, the model every rank agrees on.
+void run_local(metered_link& t, const st::cluster_topology& topo, const settings& s, const data& d,
+               link_schedule& links, fm::mode_result* out) {
+  const int r = t.rank();
+  const int ranks = t.size();
+  group_link wan = everyone(t);
+  std::vector<float> params;
+  fm::mlp net = make_model(s, params, s.seed + static_cast<std::uint64_t>(r));
+  st::thread_pool pool{1};
+  const st::allgather_algorithm allgather =
+      s.allgather == "direct"      ? st::allgather_algorithm::direct
+      : s.allgather == "ring"      ? st::allgather_algorithm::ring
+      : s.transport == "inprocess" ? st::allgather_algorithm::direct
+                                   : st::allgather_algorithm::automatic;
+  constexpr double density = 64.0 / 4096;
+  st::pipeline p(wan, pool,
+                 st::chunked_compressor<>(
+                     {.chunk_bits = 12, .bits = st::chunk_value_bits::two, .decay = 0.95f}),
+                 st::sgd_optimizer({.lr = 1.0f}),
+                 st::pipeline_options{.bucket_bytes = std::uint64_t{4} << 20,
+                                      .staleness = 0,
+                                      .exchange_threads = 4,
+                                      .algorithm = allgather,
+                                      .timeout = std::chrono::minutes(10)},
+                 st::fixed_density{density});
+  const auto& tensors = net.tensors();
+  for (const auto& tensor : tensors) {
+    p.add_tensor(tensor.id, std::span<const float>(params).subspan(tensor.offset, tensor.size));
+  }
+  p.start();
+  // The replica: the inner optimizer's parameters, from the outer ones (rank 0's).
+  st::adam_optimizer inner({.lr = s.sparse_lr});
+  std::vector<std::span<float>> replica;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto slice = std::span<float>(params).subspan(tensors[i].offset, tensors[i].size);
+    p.copy_params(i, slice);
+    replica.push_back(inner.params(inner.add_tensor(slice)));
+  }
+  st::local_steps loop(p, {.inner_steps = static_cast<std::uint32_t>(s.local_steps)});
+  std::vector<float> grad(params.size());
+  std::vector<float> outer(params.size());
+  rank_batches batches(t, s, d);
+  std::vector<float> x;
+  std::vector<std::uint8_t> y;
+  const std::uint64_t steps = steps_of(s, ranks, d);
+  std::optional<progress> prog;
+  if (r == 0) prog.emplace(progress{s, d, *out, steps, ranks});
+  auto read_outer = [&] {
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      p.copy_params(i, std::span<float>(outer).subspan(tensors[i].offset, tensors[i].size));
+  };
+  st::barrier(t);
+  const std::uint64_t bytes0 = sent_bytes(t);
+  const std::uint64_t wan0 = wan_bytes(t, topo);
+  training_clock clock;
+  for (std::uint64_t step = 0; step < steps; ++step) {
+    inner.set_lr(learning_rate(s, s.sparse_lr, step));
+    links.at(clock.seconds());
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      std::copy(replica[i].begin(), replica[i].end(), params.begin() + tensors[i].offset);
+    batches.next(d.train, x, y);
+    const auto c0 = std::chrono::steady_clock::now();
+    const float loss = net.forward_backward(params, x.data(), y.data(), batches.size(), grad);
+    p.exclude_from_compute(batches.computed(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count()));
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      inner.step(i, std::span<const float>(grad).subspan(tensors[i].offset, tensors[i].size));
+    loop.step(replica);
+    const double now = clock.seconds();
+    if (prog) prog->stepped({step + 1, now, density, 0, links.mbps(), 0}, loss);
+    if (evaluates(s, step, steps)) {
+      const auto e0 = std::chrono::steady_clock::now();
+      clock.paused([&] {
+        if (prog) {
+          read_outer();
+          prog->record(net, outer, step + 1, now, sent_bytes(t) - bytes0, batches, false);
+        }
+        st::barrier(t);
+      });
+      p.exclude_from_compute(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count());
+    }
+  }
+  if (prog) {
+    out->seconds = clock.seconds();
+    out->steps = steps;
+    out->bytes = sent_bytes(t) - bytes0;
+    read_outer();
+    prog->record(net, outer, steps, out->seconds, out->bytes, batches, true);
+    out->split_changes = batches.agreement().changes();
+  }
+  const std::uint64_t wan_total = wan_bytes_per_cluster(t, topo, wan0);
+  if (out) out->wan_bytes_per_cluster = wan_total;
+  st::barrier(t);
+}
+
 void run_modes(metered_link& t, const st::cluster_topology& topo, const settings& s, const data& d,
                const std::shared_ptr<st::cluster_links>& uplinks,
                std::vector<fm::mode_result>* results) {
@@ -558,7 +663,9 @@ void run_modes(metered_link& t, const st::cluster_topology& topo, const settings
       "averaged gradients through a dense ring all-reduce over every rank",
       "reduce-scatter inside each cluster, all-reduce between clusters, all-gather inside",
       "top-k + error feedback, sparse all-gather over every rank, CPU Adam, adaptive density",
-      "reduce inside each cluster, top-k of each rank's shard, sparse exchange between clusters"};
+      "reduce inside each cluster, top-k of each rank's shard, sparse exchange between clusters",
+      "local steps: H inner Adam steps, pseudo-gradients as 64 of every 4096 in 2 bits, outer "
+      "SGD"};
   for (const auto& mode : s.modes) {
     std::size_t m = 0;
     while (fm::mode_names[m] != mode) ++m;
@@ -570,6 +677,8 @@ void run_modes(metered_link& t, const st::cluster_topology& topo, const settings
     link_schedule links(s, uplinks);
     if (mode.starts_with("dense")) {
       run_dense(t, topo, hierarchical, s, d, links, out);
+    } else if (mode == "stellatrain-local") {
+      run_local(t, topo, s, d, links, out);
     } else {
       run_stellatrain(t, topo, hierarchical, s, d, links, out);
     }
