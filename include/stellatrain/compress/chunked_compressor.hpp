@@ -40,9 +40,10 @@ struct chunked_compressor_options {
 /// selection. The k a call asks for (the pipeline's density times n) becomes k per chunk,
 /// ceil(k 2^b / n) within [1, 2^b], so a density policy sets the density of every chunk.
 /// `compress` writes the selection as (tensor index, dequantised value) pairs, and
-/// `wire_section(id)` the same selection as the wire carries it: the flat and hierarchical
-/// exchanges pack it as a chunked section (format version 3; at b = 12, 64 per chunk and
-/// 2-bit values, 14.5 bits per pair instead of about 25 for bf16 values and delta indices).
+/// `wire_section(id)` the same selection as the wire carries it: the flat exchange packs it
+/// as a chunked section (format version 3; at b = 12, 64 per chunk and 2-bit values, 14.5
+/// bits per pair instead of about 25 for bf16 values and delta indices); the hierarchical
+/// exchange, which cuts selections into shards by index range, sends the pairs as fp32.
 /// The residual is the codec's feedback, the quantisation error included.
 ///
 /// \code

@@ -59,7 +59,8 @@ struct local_steps_options {
 }
 
 /// The outer loop of training with local steps (DiLoCo, arXiv 2311.08105; SparseLoCo, arXiv
-/// 2508.15706), over a `pipeline` `P` that holds the outer parameters:
+/// 2508.15706), over a started `pipeline` (the type `Pipeline`) that holds the outer
+/// parameters:
 ///
 ///   every rank: H inner steps of the application's own optimizer on its replica
 ///   pseudo-gradient = outer parameters - replica            (per tensor, on this rank)
@@ -109,11 +110,11 @@ struct local_steps_options {
 /// bit-identically (tested). A failure of the outer exchange on any rank makes `step` or
 /// `sync` throw on every rank (the pipeline's errors) and leaves the replica as it was.
 ///
-/// Errors: `errc::invalid_argument` for H = 0, bounds that do not hold H or a share outside
-/// (0, 1), a weight that is not in (0, 1] or set with a
-/// pipeline that averages, a pipeline that is not started or accumulates micro-batches, and a
-/// replica of the wrong shape (nothing handed over then); failures of the exchange are the
-/// pipeline's (every rank fails, see `pipeline`). Not thread-safe: one thread drives it.
+/// Errors: `errc::invalid_argument` for H = 0, bounds that do not hold H, a share outside
+/// (0, 1), a weight that is not in (0, 1] or set with a pipeline that averages, a pipeline that
+/// is not started or accumulates micro-batches, and a replica of the wrong shape (nothing is
+/// handed over then); failures of the exchange are the pipeline's (every rank fails, see
+/// `pipeline`). Not thread-safe: one thread drives it.
 template <class Pipeline>
 class local_steps {
  public:
