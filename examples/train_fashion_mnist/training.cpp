@@ -429,6 +429,17 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
 }
 
 // ---------------------------------------------------------------------------------- stellatrain
+// The sparse all-gather of the stellatrain modes. In one process every rank's shaped link
+// carries its P-1 copies at the link rate whatever the order: the direct all-gather pays the
+// latency once. Over real TCP the automatic choice (a ring for more than 2 ranks) keeps one
+// flow per link.
+st::allgather_algorithm allgather_of(const settings& s) {
+  return s.allgather == "direct"      ? st::allgather_algorithm::direct
+         : s.allgather == "ring"      ? st::allgather_algorithm::ring
+         : s.transport == "inprocess" ? st::allgather_algorithm::direct
+                                      : st::allgather_algorithm::automatic;
+}
+
 void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hierarchical,
                      const settings& s, const data& d, link_schedule& links, fm::mode_result* out) {
   const int r = t.rank();
@@ -447,14 +458,7 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
   using compressor = st::error_feedback_compressor<st::threshold_selector<>, st::bf16>;
   using exchange = st::runtime_exchange<group_link, compressor>;
   using pipeline = st::pipeline<exchange, st::thread_pool, st::adam_optimizer>;
-  // In one process every rank's shaped link carries its P-1 copies at the link rate whatever
-  // the order: the direct all-gather pays the latency once. Over real TCP the automatic choice
-  // (a ring for more than 2 ranks) keeps one flow per link.
-  const st::allgather_algorithm allgather =
-      s.allgather == "direct"      ? st::allgather_algorithm::direct
-      : s.allgather == "ring"      ? st::allgather_algorithm::ring
-      : s.transport == "inprocess" ? st::allgather_algorithm::direct
-                                   : st::allgather_algorithm::automatic;
+  const st::allgather_algorithm allgather = allgather_of(s);
   const auto make = [&](exchange how) {
     return std::make_unique<pipeline>(
         std::move(how), pool, st::adam_optimizer({.lr = s.sparse_lr}),
@@ -569,11 +573,7 @@ void run_local(metered_link& t, const st::cluster_topology& topo, const settings
   std::vector<float> params;
   fm::mlp net = make_model(s, params, s.seed + static_cast<std::uint64_t>(r));
   st::thread_pool pool{1};
-  const st::allgather_algorithm allgather =
-      s.allgather == "direct"      ? st::allgather_algorithm::direct
-      : s.allgather == "ring"      ? st::allgather_algorithm::ring
-      : s.transport == "inprocess" ? st::allgather_algorithm::direct
-                                   : st::allgather_algorithm::automatic;
+  const st::allgather_algorithm allgather = allgather_of(s);
   constexpr double density = 64.0 / 4096;
   st::pipeline p(wan, pool,
                  st::chunked_compressor<>(

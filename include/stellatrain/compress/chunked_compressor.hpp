@@ -5,6 +5,7 @@
 
 #include <stellatrain/compress/chunked_codec.hpp>
 #include <stellatrain/compress/compressor.hpp>
+#include <stellatrain/compress/detail/tensor_states.hpp>
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/aligned_buffer.hpp>
 #include <stellatrain/core/error.hpp>
@@ -229,22 +230,10 @@ class chunked_compressor {
     }
   }
 
-  auto lower_bound(std::uint32_t id) {
-    return std::lower_bound(
-        tensors_.begin(), tensors_.end(), id,
-        [](const std::unique_ptr<tensor>& t, std::uint32_t v) { return t->id < v; });
-  }
-
-  tensor& find(std::uint32_t id) {
-    const auto at = lower_bound(id);
-    if (at == tensors_.end() || (*at)->id != id) {
-      throw_error(errc::invalid_argument,
-                  "chunked_compressor: tensor " + std::to_string(id) + " is not registered");
-    }
-    return **at;
-  }
+  auto lower_bound(std::uint32_t id) { return detail::lower_bound_id(tensors_, id); }
+  tensor& find(std::uint32_t id) { return detail::state_of(tensors_, id, "chunked_compressor"); }
   const tensor& find(std::uint32_t id) const {
-    return const_cast<chunked_compressor*>(this)->find(id);
+    return detail::state_of(tensors_, id, "chunked_compressor");
   }
 
   chunked_compressor_options options_;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <stellatrain/compress/compressor.hpp>
+#include <stellatrain/compress/detail/tensor_states.hpp>
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/aligned_buffer.hpp>
 #include <stellatrain/core/dtype.hpp>
@@ -364,27 +365,13 @@ class error_feedback_compressor {
     }
   }
 
-  auto lower_bound(std::uint32_t id) const {
-    return std::lower_bound(
-        tensors_.begin(), tensors_.end(), id,
-        [](const std::unique_ptr<tensor>& t, std::uint32_t v) { return t->id < v; });
-  }
-  auto lower_bound(std::uint32_t id) {
-    return std::lower_bound(
-        tensors_.begin(), tensors_.end(), id,
-        [](const std::unique_ptr<tensor>& t, std::uint32_t v) { return t->id < v; });
-  }
-
+  auto lower_bound(std::uint32_t id) const { return detail::lower_bound_id(tensors_, id); }
+  auto lower_bound(std::uint32_t id) { return detail::lower_bound_id(tensors_, id); }
   tensor& find(std::uint32_t id) {
-    const auto at = lower_bound(id);
-    if (at == tensors_.end() || (*at)->id != id) {
-      throw_error(errc::invalid_argument,
-                  "error_feedback_compressor: tensor " + std::to_string(id) + " is not registered");
-    }
-    return **at;
+    return detail::state_of(tensors_, id, "error_feedback_compressor");
   }
   const tensor& find(std::uint32_t id) const {
-    return const_cast<error_feedback_compressor*>(this)->find(id);
+    return detail::state_of(tensors_, id, "error_feedback_compressor");
   }
 
   Selector selector_;
