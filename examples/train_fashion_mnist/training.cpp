@@ -267,6 +267,16 @@ struct progress {
         static_cast<double>(bytes) / 1e6, now.density, step_seconds * 1e3, split.c_str());
     std::fflush(stdout);
   }
+
+  // The evaluation on the full test set after the last step, and the mode's totals.
+  void finish(fm::mlp& net, std::span<const float> params, double seconds, std::uint64_t bytes,
+              const rank_batches& batches) {
+    out.seconds = seconds;
+    out.steps = steps;
+    out.bytes = bytes;
+    record(net, params, steps, seconds, bytes, batches, true);
+    out.split_changes = batches.agreement().changes();
+  }
 };
 
 // Both tiers of the hierarchical modes are views of that link (the LAN: the cluster's ranks).
@@ -307,6 +317,14 @@ std::uint64_t wan_bytes_per_cluster(metered_link& t, const st::cluster_topology&
   std::uint64_t sum = 0;
   for (auto b : per_cluster) sum += b;
   return sum / per_cluster.size();
+}
+
+// Collective, at a mode's end: the WAN bytes per cluster into `out` (rank 0's), then a barrier.
+void finish_links(metered_link& t, const st::cluster_topology& topo, std::uint64_t wan0,
+                  fm::mode_result* out) {
+  const std::uint64_t wan = wan_bytes_per_cluster(t, topo, wan0);
+  if (out) out->wan_bytes_per_cluster = wan;
+  st::barrier(t);
 }
 
 // The model, its parameters initialised from `seed`.
@@ -417,15 +435,9 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
     }
   }
   if (prog) {
-    out->seconds = clock.seconds();
-    out->steps = steps;
-    out->bytes = sent_bytes(t) - bytes0;
-    prog->record(net, adam.params(0), steps, out->seconds, out->bytes, batches, true);
-    out->split_changes = batches.agreement().changes();
+    prog->finish(net, adam.params(0), clock.seconds(), sent_bytes(t) - bytes0, batches);
   }
-  const std::uint64_t wan = wan_bytes_per_cluster(t, topo, wan0);
-  if (out) out->wan_bytes_per_cluster = wan;
-  st::barrier(t);
+  finish_links(t, topo, wan0, out);
 }
 
 // ---------------------------------------------------------------------------------- stellatrain
@@ -549,15 +561,9 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
   }
   fetch_all();
   if (prog) {
-    out->seconds = clock.seconds();
-    out->steps = steps;
-    out->bytes = sent_bytes(t) - bytes0;
-    prog->record(net, params, steps, out->seconds, out->bytes, batches, true);
-    out->split_changes = batches.agreement().changes();
+    prog->finish(net, params, clock.seconds(), sent_bytes(t) - bytes0, batches);
   }
-  const std::uint64_t wan_total = wan_bytes_per_cluster(t, topo, wan0);
-  if (out) out->wan_bytes_per_cluster = wan_total;
-  st::barrier(t);
+  finish_links(t, topo, wan0, out);
 }
 
 // Local steps: every rank trains its replica with its own Adam for H steps; then the
@@ -644,16 +650,10 @@ void run_local(metered_link& t, const st::cluster_topology& topo, const settings
     }
   }
   if (prog) {
-    out->seconds = clock.seconds();
-    out->steps = steps;
-    out->bytes = sent_bytes(t) - bytes0;
     read_outer();
-    prog->record(net, outer, steps, out->seconds, out->bytes, batches, true);
-    out->split_changes = batches.agreement().changes();
+    prog->finish(net, outer, clock.seconds(), sent_bytes(t) - bytes0, batches);
   }
-  const std::uint64_t wan_total = wan_bytes_per_cluster(t, topo, wan0);
-  if (out) out->wan_bytes_per_cluster = wan_total;
-  st::barrier(t);
+  finish_links(t, topo, wan0, out);
 }
 
 void run_modes(metered_link& t, const st::cluster_topology& topo, const settings& s, const data& d,

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Helpers shared by the pack tests: random sorted selections, packing one or more sections into
-// a byte vector, re-sealing the checksum of an edited message.
+// a byte vector, re-sealing the checksum of an edited message, requiring that a message is
+// refused.
 #pragma once
 
 #include <stellatrain/core/crc32c.hpp>
@@ -10,12 +11,15 @@
 #include <stellatrain/pack/unpacker.hpp>
 #include <stellatrain/pack/wire_format.hpp>
 
+#include "catch.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <random>
 #include <set>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace stellatrain::test {
@@ -80,6 +84,37 @@ void put(std::vector<std::byte>& m, std::size_t offset, T value) {
 template <class T>
 T get(const std::vector<std::byte>& m, std::size_t offset) {
   return detail::load_le<T>(m.data() + offset);
+}
+
+// Parses `m` and requires a stellatrain::error with `code` whose message contains `part`;
+// afterwards the unpacker holds no message: no sections, and `decode` throws.
+inline void expect_error(message_unpacker& u, const std::vector<std::byte>& m, errc code,
+                         const std::string& part) {
+  inline_executor ex;
+  try {
+    u.parse(m, ex);
+  } catch (const error& e) {
+    INFO("what(): " << e.what());
+    CHECK(e.code() == code);
+    CHECK(std::string(e.what()).find(part) != std::string::npos);
+    CHECK(u.info().sections.empty());
+    CHECK(u.info().controls.empty());
+    sparse_buffer<float, std::uint64_t> out(0, 16);
+    try {
+      u.decode(0, out, ex);
+      FAIL("decode after a failed parse did not throw");
+    } catch (const error& d) {
+      CHECK(d.code() == errc::invalid_argument);
+    }
+    return;
+  }
+  FAIL("parse accepted a bad message (expected: " << part << ")");
+}
+
+inline void expect_error(std::uint32_t tensor, std::uint64_t n, const std::vector<std::byte>& m,
+                         errc code, const std::string& part) {
+  message_unpacker u(std::vector<tensor_info>{{tensor, n}});
+  expect_error(u, m, code, part);
 }
 
 }  // namespace stellatrain::test

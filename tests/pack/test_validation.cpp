@@ -15,6 +15,7 @@
 #include <vector>
 
 using namespace stellatrain;
+using test::expect_error;
 using test::get;
 using test::put;
 using test::random_selection;
@@ -25,37 +26,6 @@ namespace {
 constexpr std::size_t hdr = wire::message_header_bytes;  // first section header
 constexpr std::size_t sec = wire::section_header_bytes;
 constexpr std::size_t payload0 = hdr + sec;  // first section's index payload
-
-// Parses `m` and requires a stellatrain::error with `code` whose message contains `part`;
-// afterwards the unpacker holds no message: no sections, and `decode` throws.
-void expect_error(message_unpacker& u, const std::vector<std::byte>& m, errc code,
-                  const std::string& part) {
-  inline_executor ex;
-  try {
-    u.parse(m, ex);
-  } catch (const error& e) {
-    INFO("what(): " << e.what());
-    CHECK(e.code() == code);
-    CHECK(std::string(e.what()).find(part) != std::string::npos);
-    CHECK(u.info().sections.empty());
-    CHECK(u.info().controls.empty());
-    sparse_buffer<float, std::uint64_t> out(0, 16);
-    try {
-      u.decode(0, out, ex);
-      FAIL("decode after a failed parse did not throw");
-    } catch (const error& d) {
-      CHECK(d.code() == errc::invalid_argument);
-    }
-    return;
-  }
-  FAIL("parse accepted a bad message (expected: " << part << ")");
-}
-
-void expect_error(std::uint32_t tensor, std::uint64_t n, const std::vector<std::byte>& m, errc code,
-                  const std::string& part) {
-  message_unpacker u(std::vector<tensor_info>{{tensor, n}});
-  expect_error(u, m, code, part);
-}
 
 // A message with one section of every index encoding (small tensors).
 struct sample_message {

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // The toy model the pipeline tests train: tensor sizes, per-rank initial values and
-// gradients, and the training loop of one rank.
+// gradients, the training loop of one rank, and a compressor that fails on purpose.
 #pragma once
 
+#include <stellatrain/core/executor.hpp>
+#include <stellatrain/core/sparse.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
+#include <stellatrain/select/selection.hpp>
 
 #include "catch.hpp"
 
@@ -11,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 namespace stellatrain::pipeline_test {
@@ -100,5 +104,23 @@ inline std::vector<std::vector<float>> shaped_like_sizes() {
   for (auto n : sizes) v.emplace_back(n);
   return v;
 }
+
+// The compressor `Base`, throwing "injected failure" from its `fail_at`-th compress call on
+// rank `fail_rank` (set `rank` to the rank it runs on).
+template <class Base>
+struct failing : Base {
+  using Base::Base;
+  int rank = 0;
+  int fail_rank = -1;
+  int calls = 0;
+  int fail_at = 0;
+  template <executor E>
+  selection_stats compress(
+      E& ex, std::uint32_t id, std::span<const float> g, std::uint64_t k,
+      sparse_buffer<typename Base::value_type, typename Base::index_type>& out) {
+    if (rank == fail_rank && ++calls == fail_at) throw std::runtime_error("injected failure");
+    return Base::compress(ex, id, g, k, out);
+  }
+};
 
 }  // namespace stellatrain::pipeline_test

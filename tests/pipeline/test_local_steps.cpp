@@ -25,7 +25,6 @@
 #include <exception>
 #include <limits>
 #include <span>
-#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -316,23 +315,8 @@ TEST_CASE("local steps: bad use fails with clear errors", "[pipeline][local_step
   });
 }
 
-namespace {
-// Throws from its compress call on one rank at one call.
-struct failing_chunked : chunked_compressor<> {
-  using chunked_compressor<>::chunked_compressor;
-  int rank = 0;
-  int fail_rank = -1;
-  int calls = 0;
-  int fail_at = 0;
-  template <executor E>
-  selection_stats compress(E& ex, std::uint32_t id, std::span<const float> g, std::uint64_t k,
-                           sparse_buffer<float>& out) {
-    if (rank == fail_rank && ++calls == fail_at) throw std::runtime_error("injected failure");
-    return chunked_compressor<>::compress(ex, id, g, k, out);
-  }
-};
+using failing_chunked = failing<chunked_compressor<>>;
 static_assert(compressor<failing_chunked>);
-}  // namespace
 
 // A checkpoint taken right after an outer step holds all the outer loop's state: the outer
 // parameters and the outer optimizer's momentum, the chunked compressor's feedback.
@@ -589,7 +573,6 @@ TEST_CASE("streaming local steps: fragments in turn, merged tau steps later",
             REQUIRE(replica[g][j] ==
                     Approx((1.0f - mix) * outer.back()[j] + mix * before[g][j]).epsilon(1e-6));
           }
-          // Not sent in between: the other fragment's tensors are the inner step's.
         }
         mine.push_back(std::move(outer));
         ++merges_checked[static_cast<std::size_t>(r)];

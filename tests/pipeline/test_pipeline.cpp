@@ -413,23 +413,8 @@ TEST_CASE("a restored checkpoint continues bit-identically", "[pipeline]") {
   for (std::size_t r = 0; r < straight.size(); ++r) require_same_bits(straight[r], restored[r]);
 }
 
-namespace {
-// Throws from its compress call on one rank at one step.
-struct failing_compressor : error_feedback_compressor<threshold_selector<>, float> {
-  int rank = 0;
-  int fail_rank = -1;
-  int calls = 0;
-  int fail_at = 0;
-  template <executor E>
-  selection_stats compress(E& ex, std::uint32_t id, std::span<const float> g, std::uint64_t k,
-                           sparse_buffer<float>& out) {
-    if (rank == fail_rank && ++calls == fail_at)
-      throw std::runtime_error("injected selection failure");
-    return error_feedback_compressor<threshold_selector<>, float>::compress(ex, id, g, k, out);
-  }
-};
+using failing_compressor = failing<error_feedback_compressor<threshold_selector<>, float>>;
 static_assert(compressor<failing_compressor>);
-}  // namespace
 
 TEST_CASE("a failure in one rank's stage reaches every rank as an error, without a hang",
           "[pipeline]") {
@@ -461,7 +446,7 @@ TEST_CASE("a failure in one rank's stage reaches every rank as an error, without
     CHECK_FALSE(errors[static_cast<std::size_t>(r)].empty());
     CHECK(steps_done[static_cast<std::size_t>(r)] < 30);
   }
-  CHECK(errors[2].find("injected selection failure") != std::string::npos);
+  CHECK(errors[2].find("injected failure") != std::string::npos);
 }
 
 TEST_CASE("pipeline rejects bad use with clear errors", "[pipeline]") {

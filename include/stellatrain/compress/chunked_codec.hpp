@@ -10,6 +10,7 @@
 #include <stellatrain/core/detail/simd_lanes.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/float16.hpp>
+#include <stellatrain/pack/detail/chunked_payload.hpp>
 #include <stellatrain/pack/wire_format.hpp>
 
 #include <xsimd/xsimd.hpp>
@@ -170,17 +171,8 @@ class chunked_codec {
   /// `invalid_argument` for a selection whose parts disagree or an `out` of another size, and
   /// `out_of_range` for an index outside its chunk or not ascending; nothing is written then.
   static void decode_add(const chunked_selection& sel, std::span<float> out, float weight = 1.0f) {
-    check(sel, out.size());
-    const unsigned per = sel.scales_per_chunk();
-    std::uint64_t j = 0;
-    for (std::uint64_t c = 0; c < sel.chunks(); ++c) {
-      float* chunk = out.data() + (c << sel.chunk_bits);
-      const float s0 = sel.scales[c * per].to_float();
-      const float s1 = sel.scales[c * per + per - 1].to_float();
-      for (std::uint64_t e = j + sel.kept(c); j < e; ++j) {
-        chunk[sel.indices[j]] += weight * dequantise(code_of(sel, j), sel.bits, s0, s1);
-      }
-    }
+    check(sel, out.size(), "chunked_codec::decode_add");
+    for_each_pair(sel, [&](std::uint64_t, std::uint64_t i, float v) { out[i] += weight * v; });
   }
 
   /// Writes `sel` as (tensor index, value) pairs, ascending, to the front of `indices` and
@@ -189,21 +181,15 @@ class chunked_codec {
   template <class Index>
   static void decode_pairs(const chunked_selection& sel, std::span<Index> indices,
                            std::span<float> values) {
-    check(sel, sel.size);
+    check(sel, sel.size, "chunked_codec::decode_pairs");
     if (indices.size() < sel.indices.size() || values.size() < sel.indices.size()) {
       throw_error(errc::invalid_argument, "chunked_codec::decode_pairs: outputs shorter than the " +
                                               std::to_string(sel.indices.size()) + " pairs");
     }
-    const unsigned per = sel.scales_per_chunk();
-    std::uint64_t j = 0;
-    for (std::uint64_t c = 0; c < sel.chunks(); ++c) {
-      const float s0 = sel.scales[c * per].to_float();
-      const float s1 = sel.scales[c * per + per - 1].to_float();
-      for (std::uint64_t e = j + sel.kept(c); j < e; ++j) {
-        indices[j] = static_cast<Index>((c << sel.chunk_bits) + sel.indices[j]);
-        values[j] = dequantise(code_of(sel, j), sel.bits, s0, s1);
-      }
-    }
+    for_each_pair(sel, [&](std::uint64_t j, std::uint64_t i, float v) {
+      indices[j] = static_cast<Index>(i);
+      values[j] = v;
+    });
   }
 
   /// Sets k, the elements sent per chunk, for the calls that follow (1 <= k <= 2^b).
@@ -230,36 +216,33 @@ class chunked_codec {
     return (sel.codes[bit >> 3] >> (bit & 7)) & ((1u << w) - 1);
   }
 
-  static void check(const chunked_selection& sel, std::uint64_t out_size) {
-    const auto fail = [](errc code, const std::string& what) {
-      throw_error(code, "chunked_codec::decode_add: " + what);
-    };
+  // Throws, naming `who`, unless `sel` is a whole selection of a tensor of `out_size`
+  // elements: invalid_argument for sizes and parameters, out_of_range for indices outside their
+  // chunk or not ascending.
+  static void check(const chunked_selection& sel, std::uint64_t out_size, const char* who) {
     if (sel.size != out_size) {
-      fail(errc::invalid_argument, "selection of " + std::to_string(sel.size) +
-                                       " elements, output of " + std::to_string(out_size));
+      throw_error(errc::invalid_argument, std::string(who) + ": selection of " +
+                                              std::to_string(sel.size) + " elements, output of " +
+                                              std::to_string(out_size));
     }
-    if (sel.chunk_bits < 1 || sel.chunk_bits > 16 || sel.k < 1 || sel.k > sel.chunk_elements() ||
-        (sel.bits != chunk_value_bits::one && sel.bits != chunk_value_bits::two)) {
-      fail(errc::invalid_argument, "chunk_bits, k or bits outside their ranges");
+    using kind = detail::chunked_fault::kind;
+    if (const detail::chunked_fault f = detail::find_chunked_fault(sel.section())) {
+      const bool index = f.what == kind::order || f.what == kind::range;
+      throw_error(index ? errc::out_of_range : errc::invalid_argument,
+                  std::string(who) + ": " + f.message);
     }
-    std::uint64_t total = 0;
-    for (std::uint64_t c = 0; c < sel.chunks(); ++c) total += sel.kept(c);
-    if (sel.indices.size() != total ||
-        sel.codes.size() != (total * static_cast<unsigned>(sel.bits) + 7) / 8 ||
-        sel.scales.size() != sel.chunks() * sel.scales_per_chunk()) {
-      fail(errc::invalid_argument, "indices, codes or scales do not match the chunks");
-    }
+  }
+
+  // f(j, tensor index, value) for every element of `sel` (checked), in order.
+  template <class F>
+  static void for_each_pair(const chunked_selection& sel, F&& f) {
+    const unsigned per = sel.scales_per_chunk();
     std::uint64_t j = 0;
     for (std::uint64_t c = 0; c < sel.chunks(); ++c) {
-      const std::uint64_t len = std::min(sel.chunk_elements(), sel.size - (c << sel.chunk_bits));
-      std::int64_t last = -1;
+      const float s0 = sel.scales[c * per].to_float();
+      const float s1 = sel.scales[c * per + per - 1].to_float();
       for (std::uint64_t e = j + sel.kept(c); j < e; ++j) {
-        if (sel.indices[j] >= len || static_cast<std::int64_t>(sel.indices[j]) <= last) {
-          fail(errc::out_of_range, "chunk " + std::to_string(c) + ": index " +
-                                       std::to_string(sel.indices[j]) +
-                                       " is outside the chunk or not ascending");
-        }
-        last = sel.indices[j];
+        f(j, (c << sel.chunk_bits) + sel.indices[j], dequantise(code_of(sel, j), sel.bits, s0, s1));
       }
     }
   }

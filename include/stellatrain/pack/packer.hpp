@@ -150,45 +150,12 @@ class message_packer {
   /// or a chunk whose indices do not ascend strictly; `errc::out_of_range` for an index not
   /// inside its chunk. The spans must stay valid and unchanged until `write` returns.
   void add_chunked(std::uint32_t tensor, const chunked_section& c) {
-    auto bad = [&](errc code, const std::string& what) {
-      throw_error(code, "pack: tensor " + std::to_string(tensor) + ": chunked section: " + what);
-    };
-    if (c.chunk_bits < 1 || c.chunk_bits > 16)
-      bad(errc::invalid_argument, "b = " + std::to_string(c.chunk_bits) + ", not in [1, 16]");
-    if (c.k < 1 || c.k > (std::uint64_t{1} << c.chunk_bits))
-      bad(errc::invalid_argument, "k = " + std::to_string(c.k) + ", not in [1, 2^b]");
-    if (c.code_bits != 1 && c.code_bits != 2)
-      bad(errc::invalid_argument, std::to_string(c.code_bits) + " code bits, not 1 or 2");
-    if (c.dense_size > wire::max_chunked_elements)
-      bad(errc::invalid_argument, "a tensor of more than 2^56 elements");
+    if (const detail::chunked_fault f = detail::find_chunked_fault(c)) {
+      throw_error(f.what == detail::chunked_fault::kind::range ? errc::out_of_range
+                                                               : errc::invalid_argument,
+                  "pack: tensor " + std::to_string(tensor) + ": chunked section: " + f.message);
+    }
     const auto shape = wire::chunked_shape_of(c.dense_size, c.chunk_bits, c.k, c.code_bits);
-    if (c.indices.size() != shape.count || c.scales.size() != c.code_bits * shape.chunks ||
-        c.codes.size() != shape.value_bytes - shape.scale_bytes) {
-      bad(errc::invalid_argument,
-          std::to_string(c.indices.size()) + " indices, " + std::to_string(c.codes.size()) +
-              " code bytes and " + std::to_string(c.scales.size()) + " scales; " +
-              std::to_string(shape.count) + ", " +
-              std::to_string(shape.value_bytes - shape.scale_bytes) + " and " +
-              std::to_string(c.code_bits * shape.chunks) + " expected");
-    }
-    for (std::uint64_t chunk = 0, j = 0; chunk < shape.chunks; ++chunk) {
-      const std::uint64_t length =
-          std::min(std::uint64_t{1} << c.chunk_bits, c.dense_size - (chunk << c.chunk_bits));
-      const std::uint64_t end = j + std::min<std::uint64_t>(c.k, length);
-      for (std::uint64_t first = j; j < end; ++j) {
-        if (c.indices[j] >= length) {
-          bad(errc::out_of_range, "chunk " + std::to_string(chunk) + ": index " +
-                                      std::to_string(c.indices[j]) + " at position " +
-                                      std::to_string(j) + " is not below its " +
-                                      std::to_string(length) + " elements");
-        }
-        if (j > first && c.indices[j] <= c.indices[j - 1]) {
-          bad(errc::invalid_argument, "chunk " + std::to_string(chunk) +
-                                          ": indices not strictly ascending at position " +
-                                          std::to_string(j));
-        }
-      }
-    }
     detail::packer_section s;
     s.tensor = tensor;
     s.dense_size = c.dense_size;

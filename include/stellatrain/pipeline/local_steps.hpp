@@ -6,6 +6,7 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/pack/aggregate.hpp>
+#include <stellatrain/pipeline/detail/pseudo_gradient.hpp>
 #include <stellatrain/pipeline/pipeline_options.hpp>
 
 #include <algorithm>
@@ -159,7 +160,7 @@ class local_steps {
   bool step(std::span<const std::span<float>> replica) {
     check(replica);
     if (++inner_ < h_) return false;
-    sync(replica);
+    outer_step(replica);
     return true;
   }
 
@@ -168,20 +169,13 @@ class local_steps {
   /// optimizer applied it, and writes the new outer parameters into `replica`.
   void sync(std::span<const std::span<float>> replica) {
     check(replica);
-    const float w = static_cast<float>(options_.weight);
+    outer_step(replica);
+  }
+
+ private:
+  void outer_step(std::span<const std::span<float>> replica) {
     ran_[outer_->steps_pushed()] = std::max<std::uint32_t>(inner_, 1);
-    // Backward order, as gradients come: the pipeline sends a bucket as soon as it is whole.
-    for (std::size_t t = outer_->tensor_count(); t-- > 0;) {
-      const std::span<float> g = outer_->gradient_buffer(t);
-      outer_->copy_params(t, g);
-      const std::span<const float> mine = replica[t];
-      if (w == 0) {
-        for (std::size_t i = 0; i < g.size(); ++i) g[i] -= mine[i];
-      } else {
-        for (std::size_t i = 0; i < g.size(); ++i) g[i] = (g[i] - mine[i]) * w;
-      }
-      outer_->push_gradient_buffer(t);
-    }
+    detail::hand_over_pseudo_gradients(*outer_, replica, static_cast<float>(options_.weight));
     outer_->flush();
     for (std::size_t t = 0; t < outer_->tensor_count(); ++t) outer_->copy_params(t, replica[t]);
     inner_ = 0;
@@ -189,7 +183,6 @@ class local_steps {
     if (options_.min_inner_steps < options_.max_inner_steps) choose_h();
   }
 
- private:
   // H from the last observed outer step, if it is new and this loop ran it.
   void choose_h() {
     const pipeline_observation o = outer_->last_measurement();

@@ -7,6 +7,7 @@
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/pack/aggregate.hpp>
+#include <stellatrain/pipeline/detail/pseudo_gradient.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -122,19 +123,9 @@ class streaming_local_steps {
 
  private:
   void send(std::size_t f, std::span<const std::span<float>> replica) {
-    Pipeline& p = *fragments_[f];
-    const float w = static_cast<float>(options_.weight);
-    for (std::size_t t = p.tensor_count(); t-- > 0;) {
-      const std::span<float> g = p.gradient_buffer(t);
-      p.copy_params(t, g);
-      const std::span<const float> mine = replica[first_[f] + t];
-      if (w == 0) {
-        for (std::size_t i = 0; i < g.size(); ++i) g[i] -= mine[i];
-      } else {
-        for (std::size_t i = 0; i < g.size(); ++i) g[i] = (g[i] - mine[i]) * w;
-      }
-      p.push_gradient_buffer(t);
-    }
+    detail::hand_over_pseudo_gradients(*fragments_[f],
+                                       replica.subspan(first_[f], fragments_[f]->tensor_count()),
+                                       static_cast<float>(options_.weight));
     sent_at_[f] = t_;
   }
 

@@ -57,6 +57,56 @@ struct chunked_payload {
   }
 };
 
+/// What is wrong with a chunked section held in memory (`chunked_section`), if anything: its
+/// parameters, the sizes of its spans, or an index not inside its chunk (`range`) or not above
+/// the one before it in its chunk (`order`). The sender and the codec map the kinds to their
+/// error codes.
+struct chunked_fault {
+  enum class kind { none, parameters, sizes, order, range };
+  kind what = kind::none;
+  std::string message;
+  explicit operator bool() const noexcept { return what != kind::none; }
+};
+
+[[nodiscard]] inline chunked_fault find_chunked_fault(const chunked_section& c) {
+  using k = chunked_fault::kind;
+  if (c.chunk_bits < 1 || c.chunk_bits > 16)
+    return {k::parameters, "b = " + std::to_string(c.chunk_bits) + ", not in [1, 16]"};
+  if (c.k < 1 || c.k > (std::uint64_t{1} << c.chunk_bits))
+    return {k::parameters, "k = " + std::to_string(c.k) + ", not in [1, 2^b]"};
+  if (c.code_bits != 1 && c.code_bits != 2)
+    return {k::parameters, std::to_string(c.code_bits) + " code bits, not 1 or 2"};
+  if (c.dense_size > wire::max_chunked_elements)
+    return {k::parameters, "a tensor of more than 2^56 elements"};
+  const auto shape = wire::chunked_shape_of(c.dense_size, c.chunk_bits, c.k, c.code_bits);
+  const std::uint64_t code_bytes = shape.value_bytes - shape.scale_bytes;
+  if (c.indices.size() != shape.count || c.scales.size() != c.code_bits * shape.chunks ||
+      c.codes.size() != code_bytes) {
+    return {k::sizes, std::to_string(c.indices.size()) + " indices, " +
+                          std::to_string(c.codes.size()) + " code bytes and " +
+                          std::to_string(c.scales.size()) + " scales; " +
+                          std::to_string(shape.count) + ", " + std::to_string(code_bytes) +
+                          " and " + std::to_string(c.code_bits * shape.chunks) + " expected"};
+  }
+  for (std::uint64_t chunk = 0, j = 0; chunk < shape.chunks; ++chunk) {
+    const std::uint64_t length =
+        std::min(std::uint64_t{1} << c.chunk_bits, c.dense_size - (chunk << c.chunk_bits));
+    const std::uint64_t end = j + std::min<std::uint64_t>(c.k, length);
+    for (const std::uint64_t first = j; j < end; ++j) {
+      if (c.indices[j] >= length) {
+        return {k::range, "chunk " + std::to_string(chunk) + ": index " +
+                              std::to_string(c.indices[j]) + " at position " + std::to_string(j) +
+                              " is not below its " + std::to_string(length) + " elements"};
+      }
+      if (j > first && c.indices[j] <= c.indices[j - 1]) {
+        return {k::order, "chunk " + std::to_string(chunk) +
+                              ": indices not strictly ascending at position " + std::to_string(j)};
+      }
+    }
+  }
+  return {};
+}
+
 /// The `width`-bit field (width <= 16) at bit `bit` of `len` bytes from `p`, lowest bit first.
 [[nodiscard]] STELLATRAIN_FORCE_INLINE std::uint32_t read_bit_field(const std::byte* p,
                                                                     std::uint64_t len,
