@@ -110,26 +110,30 @@ struct chunked_selection {
 class chunked_codec {
  public:
   explicit chunked_codec(const chunked_codec_options& options = {}) : options_(options) {
-    if (options.chunk_bits < 1 || options.chunk_bits > 16) {
-      throw_error(errc::invalid_argument, "chunked_codec: chunk_bits must be in [1, 16], got " +
-                                              std::to_string(options.chunk_bits));
-    }
-    if (options.k < 1 || options.k > (std::uint64_t{1} << options.chunk_bits)) {
-      throw_error(errc::invalid_argument,
-                  "chunked_codec: k must be in [1, 2^chunk_bits = " +
-                      std::to_string(std::uint64_t{1} << options.chunk_bits) + "], got " +
-                      std::to_string(options.k));
-    }
-    if (options.bits != chunk_value_bits::one && options.bits != chunk_value_bits::two) {
-      throw_error(errc::invalid_argument, "chunked_codec: bits must be one or two");
-    }
-    if (!(options.decay > 0.0f && options.decay <= 1.0f)) {
-      throw_error(errc::invalid_argument,
-                  "chunked_codec: decay must be in (0, 1], got " + std::to_string(options.decay));
-    }
+    check_options(options);
     keys_.resize(std::size_t{1} << options.chunk_bits);
     candidate_index_.resize(keys_.size() + 16);  // compress may store a vector's width
     candidates_.reserve(keys_.size());
+  }
+
+  /// Throws `invalid_argument` for options outside their ranges (`chunked_codec_options`).
+  static void check_options(const chunked_codec_options& o) {
+    if (o.chunk_bits < 1 || o.chunk_bits > 16) {
+      throw_error(errc::invalid_argument, "chunked_codec: chunk_bits must be in [1, 16], got " +
+                                              std::to_string(o.chunk_bits));
+    }
+    if (o.k < 1 || o.k > (std::uint64_t{1} << o.chunk_bits)) {
+      throw_error(errc::invalid_argument, "chunked_codec: k must be in [1, 2^chunk_bits = " +
+                                              std::to_string(std::uint64_t{1} << o.chunk_bits) +
+                                              "], got " + std::to_string(o.k));
+    }
+    if (o.bits != chunk_value_bits::one && o.bits != chunk_value_bits::two) {
+      throw_error(errc::invalid_argument, "chunked_codec: bits must be one or two");
+    }
+    if (!(o.decay > 0.0f && o.decay <= 1.0f)) {
+      throw_error(errc::invalid_argument,
+                  "chunked_codec: decay must be in (0, 1], got " + std::to_string(o.decay));
+    }
   }
 
   [[nodiscard]] const chunked_codec_options& options() const noexcept { return options_; }
@@ -194,13 +198,10 @@ class chunked_codec {
 
   /// Sets k, the elements sent per chunk, for the calls that follow (1 <= k <= 2^b).
   void set_k(std::uint32_t k) {
-    if (k < 1 || k > (std::uint64_t{1} << options_.chunk_bits)) {
-      throw_error(errc::invalid_argument,
-                  "chunked_codec: k must be in [1, 2^chunk_bits = " +
-                      std::to_string(std::uint64_t{1} << options_.chunk_bits) + "], got " +
-                      std::to_string(k));
-    }
-    options_.k = k;
+    chunked_codec_options o = options_;
+    o.k = k;
+    check_options(o);
+    options_ = o;
   }
 
  private:

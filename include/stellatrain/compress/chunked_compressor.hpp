@@ -63,9 +63,7 @@ class chunked_compressor {
   using index_type = Index;
 
   explicit chunked_compressor(const chunked_compressor_options& options = {}) : options_(options) {
-    // The codec checks b, bits and the decay.
-    (void)chunked_codec(
-        {.chunk_bits = options.chunk_bits, .k = 1, .bits = options.bits, .decay = options.decay});
+    chunked_codec::check_options(codec_options(1));
   }
 
   [[nodiscard]] const chunked_compressor_options& options() const noexcept { return options_; }
