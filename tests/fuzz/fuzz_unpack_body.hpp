@@ -73,7 +73,7 @@ struct chunked_parts {
 inline chunked_section rebuild_chunked(const section_info& s, const std::vector<std::byte>& message,
                                        const std::vector<std::uint64_t>& idx,
                                        const std::vector<float>& val, chunked_parts& out) {
-  const unsigned code_bits = s.values == value_encoding::chunk_2bit ? 2 : 1;
+  const unsigned code_bits = code_bits_of(s.values);
   const auto shape = wire::chunked_shape_of(s.dense_size, s.chunk_bits, s.chunk_k, code_bits);
   const std::byte* scales = message.data() + s.offset + wire::section_header_bytes + s.index_bytes;
   out.scales.resize(static_cast<std::size_t>(shape.scale_bytes / 2));

@@ -356,7 +356,7 @@ class message_unpacker {
     p.dense_size = s.dense_size;
     p.chunk_bits = s.chunk_bits;
     p.k = s.chunk_k;
-    p.code_bits = s.values == value_encoding::chunk_2bit ? 2 : 1;
+    p.code_bits = code_bits_of(s.values);
     p.shape = wire::chunked_shape_of(s.dense_size, s.chunk_bits, s.chunk_k, p.code_bits);
     p.scales = index + s.index_bytes;
     p.codes = p.scales + p.shape.scale_bytes;

@@ -100,6 +100,11 @@ enum class value_encoding : std::uint8_t {
   return 0;
 }
 
+/// Bits per value code of a chunked value encoding: 2 for `chunk_2bit`, else 1 (`chunk_sign`).
+[[nodiscard]] constexpr unsigned code_bits_of(value_encoding e) noexcept {
+  return e == value_encoding::chunk_2bit ? 2 : 1;
+}
+
 /// The value encoding that stores `T` (float, fp16 or bf16) without conversion.
 template <class T>
 inline constexpr value_encoding value_encoding_of = static_cast<value_encoding>(dtype_of<T>);

@@ -110,7 +110,7 @@ class streaming_local_steps {
         merge(f, replica);
         ++merged;
       }
-      if (static_cast<std::uint32_t>(t_ % h) == offset(f) % h) {
+      if (static_cast<std::uint32_t>(t_ % h) == offset(f)) {  // offset(f) < h: F <= H
         send(f, replica);
         if (options_.delay == 0) {
           merge(f, replica);

@@ -223,8 +223,7 @@ chunked_prefix check_chunked_sizes(const wire_section_header& s, const std::byte
                                              std::to_string(s.dense_size) +
                                              " elements (at most 2^56)");
   }
-  const unsigned code_bits =
-      s.value_id == static_cast<std::uint8_t>(value_encoding::chunk_2bit) ? 2 : 1;
+  const unsigned code_bits = code_bits_of(static_cast<value_encoding>(s.value_id));
   const wire::chunked_shape shape =
       wire::chunked_shape_of(s.dense_size, p.chunk_bits, p.k, code_bits);
   if (s.count != shape.count || s.index_bytes != shape.index_bytes ||
