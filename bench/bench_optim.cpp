@@ -10,6 +10,11 @@
 //   BM_optim_adam_dense_bf16_copy/n/threads  Adam + fused bf16 copy of the parameters (+2 B)
 //   BM_optim_adam_dense_skip_tensor/n/threads  Adam under nonfinite_policy::skip_tensor (one
 //                                             extra read of g before the update)
+//   BM_optim_adam_array_offsets/n/stagger    the dense Adam kernel on p, g, m, v allocated one
+//                                             after another, array a starting a * stagger bytes
+//                                             past its 2 MiB boundary: stagger 0 is how the
+//                                             optimizer placed its arrays before it staggered
+//                                             them (tensor_registry::array_stagger)
 //   BM_optim_sparse_adam_gather_scatter/n/k/threads  gather p, m, v at k sorted indices into
 //                                             compact arrays, then scatter them back with
 //                                             trivial math: the sparse baseline
@@ -226,6 +231,27 @@ void BM_optim_adam_dense_skip_tensor(benchmark::State& state) {
   set_dense_counters(state, n, 28);
 }
 
+void BM_optim_adam_array_offsets(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto stagger = static_cast<std::size_t>(state.range(1));
+  auto array = [&](std::size_t a) {
+    return st::aligned_buffer<float>(n, {.prefault = true, .offset = a * stagger}, sb::pool(2));
+  };
+  st::aligned_buffer<float> p = array(0), g = array(1), m = array(2), v = array(3);
+  std::fill(g.begin(), g.end(), 1e-3f);
+  const st::detail::tensor_arrays arrays{.params = p.data(), .s0 = m.data(), .s1 = v.data()};
+  const st::adam_optimizer& opt = adam_state(n);  // its options: lr 1e-4, L2 decay 1e-4
+  std::uint64_t step = 1000;
+  for (auto _ : state) {
+    opt.with_rule(++step, [&](const auto& rule) {
+      st::detail::dense_chunk<xsimd::default_arch>(rule, arrays, g.data(),
+                                                   static_cast<st::bf16*>(nullptr), 0, n);
+    });
+    benchmark::ClobberMemory();
+  }
+  set_dense_counters(state, n, 28);
+}
+
 void dense_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"n", "threads"});
   for (std::int64_t n : {sb::n25m, n100m}) {
@@ -245,6 +271,12 @@ BENCHMARK(BM_optim_adam_dense)->Apply(dense_args);
 BENCHMARK(BM_optim_adamw_dense)->Apply(dense_args);
 BENCHMARK(BM_optim_adam_dense_bf16_copy)->Apply(dense_args_25m);
 BENCHMARK(BM_optim_adam_dense_skip_tensor)->Apply(dense_args_25m);
+BENCHMARK(BM_optim_adam_array_offsets)
+    ->ArgNames({"n", "stagger"})
+    ->Args({n100m, 0})
+    ->Args({n100m, st::detail::tensor_registry::array_stagger})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // Adam with L2 decay in the peer's form: per iteration 8 vectors (128 elements) of each array.
 // The bias corrections of step k are folded into `step_size` (-lr / bc1) and `rsqrt_bc2`.

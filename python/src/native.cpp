@@ -35,18 +35,6 @@ namespace {
 using stellatrain_python::executor_handle;
 using stellatrain_python::span_at;
 
-// Copies `from` into `to` on the executor's threads, 1 MiB per task.
-template <class Executor>
-void parallel_copy(std::span<const float> from, std::span<float> to, Executor& ex) {
-  constexpr std::size_t chunk = (std::size_t{1} << 20) / sizeof(float);
-  const std::size_t n = from.size();
-  ex.bulk((n + chunk - 1) / chunk, [&](std::size_t i) {
-    const std::size_t begin = i * chunk;
-    const std::size_t count = std::min(chunk, n - begin);
-    std::memcpy(to.data() + begin, from.data() + begin, count * sizeof(float));
-  });
-}
-
 st::nonfinite_policy nonfinite_from(const std::string& name) {
   if (name == "skip_elements") return st::nonfinite_policy::skip_elements;
   if (name == "skip_tensor") return st::nonfinite_policy::skip_tensor;
@@ -58,9 +46,9 @@ st::nonfinite_policy nonfinite_from(const std::string& name) {
 }
 
 // One optimizer of stellatrain (adam_optimizer, sgd_optimizer) over a parameter group whose
-// tensors the Python layer owns. The optimizer keeps fp32 master copies; every step first
-// takes the parameters as the tensor holds them (so writes made outside the optimizer, such
-// as loading a model's weights, count), then writes the result back in the update's pass.
+// tensors the Python layer owns. Steps update the tensors in place (registered with
+// `add_tensor_in_place`), as torch.optim does: writes made outside the optimizer, such as
+// loading a model's weights, count, and no master copy costs memory or traffic.
 template <class Optimizer>
 class group_optimizer {
  public:
@@ -68,7 +56,7 @@ class group_optimizer {
       : opt_(std::move(optimizer)), ex_(std::move(ex)) {}
 
   std::size_t add(std::uintptr_t params, std::uint64_t elements) {
-    return opt_.add_tensor(span_at<const float>(params, elements));
+    return opt_.add_tensor_in_place(span_at<float>(params, elements));
   }
 
   // Returns the number of gradient values that were NaN or infinite.
@@ -82,12 +70,11 @@ class group_optimizer {
                           std::to_string(opt_.tensor_size(t)) + " elements, now has " +
                           std::to_string(elements));
     }
+    // The tensor's storage may have been replaced since the last step (`p.data = ...`).
+    if (elements != 0 && opt_.params(t).data() != p.data()) opt_.rebind_params(t, p);
     py::gil_scoped_release unlocked;
     st::step_report report;
-    ex_->run([&](auto& ex) {
-      parallel_copy(std::span<const float>(p), opt_.params(t), ex);
-      report = opt_.step(t, g, ex, st::param_copy<float>{p});
-    });
+    ex_->run([&](auto& ex) { report = opt_.step(t, g, ex); });
     return report.nonfinite;
   }
 
@@ -100,9 +87,18 @@ class group_optimizer {
     opt_.save_state(std::as_writable_bytes(std::span<char>(bytes)));
     return py::bytes(bytes);
   }
+  // Restores the optimizer's state but not the parameters the state also holds: loading a
+  // torch optimizer's state never changes the model's weights.
   void load_state(const py::bytes& state) {
     const std::string_view v = state;
+    std::vector<std::vector<float>> weights;
+    for (std::size_t t = 0; t < opt_.tensor_count(); ++t) {
+      const auto p = opt_.params(t);
+      weights.emplace_back(p.begin(), p.end());
+    }
     opt_.load_state(std::as_bytes(std::span<const char>(v.data(), v.size())));
+    for (std::size_t t = 0; t < opt_.tensor_count(); ++t)
+      std::copy(weights[t].begin(), weights[t].end(), opt_.params(t).begin());
   }
 
   // Copies of the state arrays, for inspection and tests.

@@ -114,6 +114,37 @@ def test_writes_between_steps_are_taken():
     assert_close(p.detach(), q.detach(), "after writes")
 
 
+def test_steps_update_the_parameter_in_place_and_follow_new_storage():
+    (p,), (q,) = make_params(9, [(300,)]), make_params(9, [(300,)])
+    a, b = st_optim.Adam([p], lr=1e-2), torch.optim.Adam([q], lr=1e-2)
+    for step in range(4):
+        if step == 2:  # new storage for the same parameter
+            p.data = p.data.clone()
+            q.data = q.data.clone()
+        storage = p.data_ptr()
+        p.grad = torch.full_like(p, 0.5)
+        q.grad = torch.full_like(q, 0.5)
+        a.step()
+        b.step()
+        assert p.data_ptr() == storage
+    assert_close(p.detach(), q.detach(), "after the storage was replaced")
+
+
+def test_load_state_dict_leaves_the_weights_alone():
+    ps = make_params(10)
+    a = st_optim.Adam(ps, lr=1e-2)
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    a.step()
+    sd = a.state_dict()
+    with torch.no_grad():  # the model moves on; loading an optimizer's state keeps it there
+        for p in ps:
+            p.add_(1.0)
+    kept = [p.detach().clone() for p in ps]
+    a.load_state_dict(sd)
+    assert all(torch.equal(p.detach(), k) for p, k in zip(ps, kept))
+
+
 def test_state_dict_round_trip_continues_identically(tmp_path):
     ps = make_params(6)
     a = st_optim.Adam(ps, lr=1e-2, amsgrad=True)

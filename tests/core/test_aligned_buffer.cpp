@@ -68,3 +68,30 @@ TEST_CASE("aligned_buffer reports bad requests as errors", "[aligned_buffer]") {
                        Catch::Matchers::Predicate<error>(
                            [](const error& e) { return e.code() == errc::resource_exhausted; }));
 }
+
+TEST_CASE("an offset places the first element past the aligned boundary", "[aligned_buffer]") {
+  thread_pool pool{2};
+  for (std::size_t count : {std::size_t{100}, huge_page_bytes / sizeof(float) + 3}) {
+    const std::size_t offset = 69 * cache_line_bytes;
+    aligned_buffer<float> b(count, {.prefault = true, .offset = offset}, pool);
+    const auto address = reinterpret_cast<std::uintptr_t>(b.data());
+    CHECK((address - offset) % b.alignment() == 0);
+    if (count * sizeof(float) >= huge_page_bytes) CHECK(address % huge_page_bytes == offset);
+    CHECK(b.size() == count);
+    CHECK(std::all_of(b.begin(), b.end(), [](float v) { return v == 0.0f; }));
+    b[count - 1] = 1.0f;  // the last element lies inside the allocation (ASan checks it)
+    aligned_buffer<float> moved(std::move(b));
+    CHECK(moved[count - 1] == 1.0f);
+  }
+  auto refused = [](std::size_t offset) {
+    try {
+      aligned_buffer<float> b(10, {.offset = offset});
+    } catch (const error& e) {
+      return e.code() == errc::invalid_argument;
+    }
+    return false;
+  };
+  CHECK(refused(2));                // not a multiple of alignof(float)
+  CHECK(refused(huge_page_bytes));  // not below 2 MiB
+  CHECK_FALSE(refused(4));
+}

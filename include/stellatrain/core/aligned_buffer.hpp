@@ -46,6 +46,11 @@ struct buffer_options {
   /// (`madvise(MADV_HUGEPAGE)`), which cuts the number of faults by 512x where the kernel
   /// grants them. Elsewhere, or when refused, the buffer simply uses small pages.
   bool huge_pages = true;
+  /// Bytes between the aligned boundary and the first element: a multiple of `alignof(T)`,
+  /// below 2 MiB. Arrays that one kernel streams through together should not all start at the
+  /// same offset from a large power of two; see `tensor_registry`, which places an optimizer's
+  /// arrays this way.
+  std::size_t offset = 0;
 };
 
 namespace detail {
@@ -109,6 +114,7 @@ class aligned_buffer {
 
   aligned_buffer(aligned_buffer&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)),
+        base_(std::exchange(other.base_, nullptr)),
         size_(std::exchange(other.size_, 0)),
         alignment_(std::exchange(other.alignment_, 0)) {}
 
@@ -116,6 +122,7 @@ class aligned_buffer {
     if (this != &other) {
       release();
       data_ = std::exchange(other.data_, nullptr);
+      base_ = std::exchange(other.base_, nullptr);
       size_ = std::exchange(other.size_, 0);
       alignment_ = std::exchange(other.alignment_, 0);
     }
@@ -132,7 +139,8 @@ class aligned_buffer {
   [[nodiscard]] size_type size() const noexcept { return size_; }
   [[nodiscard]] size_type size_bytes() const noexcept { return size_ * sizeof(T); }
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
-  /// The alignment the memory was allocated with (0 when empty).
+  /// The alignment the memory was allocated with (0 when empty); the first element sits
+  /// `buffer_options::offset` bytes past such a boundary.
   [[nodiscard]] size_type alignment() const noexcept { return alignment_; }
 
   [[nodiscard]] std::span<T> span() noexcept { return {data_, size_}; }
@@ -164,11 +172,17 @@ class aligned_buffer {
                                               std::to_string(options.alignment) +
                                               " is not a power of two");
     }
-    if (count > std::numeric_limits<size_type>::max() / sizeof(T)) {
+    if (options.offset % alignof(T) != 0 || options.offset >= huge_page_bytes) {
+      throw_error(errc::invalid_argument, "aligned_buffer: offset " +
+                                              std::to_string(options.offset) +
+                                              " is not a multiple of the element alignment " +
+                                              std::to_string(alignof(T)) + " below 2 MiB");
+    }
+    if (count > (std::numeric_limits<size_type>::max() - 2 * huge_page_bytes) / sizeof(T)) {
       throw_error(errc::resource_exhausted,
                   "aligned_buffer: " + std::to_string(count) + " elements overflow size_t");
     }
-    std::size_t bytes = count * sizeof(T);
+    std::size_t bytes = count * sizeof(T) + options.offset;
     const bool huge = options.huge_pages && bytes >= huge_page_bytes;
     if (huge) {
       alignment = std::max(alignment, huge_page_bytes);
@@ -181,7 +195,8 @@ class aligned_buffer {
                                                 std::to_string(alignment));
     }
     if (huge) detail::advise_huge_pages(p, bytes);
-    data_ = static_cast<T*>(p);
+    base_ = p;
+    data_ = reinterpret_cast<T*>(static_cast<std::byte*>(p) + options.offset);
     size_ = count;
     alignment_ = alignment;
     if (options.prefault) {
@@ -195,8 +210,9 @@ class aligned_buffer {
   }
 
   void release() noexcept {
-    if (data_ != nullptr) {
-      ::operator delete (static_cast<void*>(data_), std::align_val_t{alignment_});
+    if (base_ != nullptr) {
+      ::operator delete (base_, std::align_val_t{alignment_});
+      base_ = nullptr;
       data_ = nullptr;
       size_ = 0;
       alignment_ = 0;
@@ -204,6 +220,7 @@ class aligned_buffer {
   }
 
   T* data_ = nullptr;
+  void* base_ = nullptr;  // what was allocated: `data_` less the offset
   size_type size_ = 0;
   size_type alignment_ = 0;
 };

@@ -146,8 +146,7 @@ inline auto state_records(state_identity id, const tensor_registry& reg, std::ui
           if (a == 4) {
             r.put_array(std::span<const std::uint32_t>(t.element_steps.data(), n));
           } else {
-            r.put_array(
-                std::span<const float>(a == 0 ? t.params.data() : t.state[a - 1].data(), n));
+            r.put_array(std::span<const float>(a == 0 ? t.params : t.state[a - 1].data(), n));
           }
         });
       }
@@ -275,7 +274,7 @@ void load_state(std::span<const std::byte> bytes, const state_identity& id, tens
       if ((mask & (1u << a)) == 0) continue;
       const auto src = parsed.arrays[ti][a];
       void* dst = a == 4 ? static_cast<void*>(t.element_steps.data())
-                         : static_cast<void*>(a == 0 ? t.params.data() : t.state[a - 1].data());
+                         : static_cast<void*>(a == 0 ? t.params : t.state[a - 1].data());
       copy_little_endian(static_cast<std::byte*>(dst), src.data(), static_cast<std::size_t>(t.size),
                          4);
     }

@@ -40,22 +40,60 @@ class optimizer_base {
   }
   template <executor Executor>
   std::size_t add_tensor(std::span<const float> initial_params, Executor& ex) {
-    // A tensor keeps the arrays its checkpoint records (state_format.hpp: bit 0 params,
-    // bits 1-3 state arrays, bit 4 per-element steps).
-    const std::uint32_t mask = self().arrays_mask();
-    return registry_.add(initial_params, static_cast<std::size_t>(std::popcount(mask & 0xEu)),
-                         (mask & (1u << 4)) != 0, ex);
+    return add(initial_params, {}, ex);
+  }
+
+  /// Registers a tensor whose parameters the caller holds: steps update `params` in place, so
+  /// no master copy is kept and no copy crosses memory (a framework's own parameter tensor,
+  /// for instance). `params` must stay valid while registered; `rebind_params` moves the
+  /// tensor to another array of the same size. Checkpoints save and restore it like the
+  /// optimizer's own. Returns the tensor's index.
+  std::size_t add_tensor_in_place(std::span<float> params) {
+    inline_executor ex;
+    return add_tensor_in_place(params, ex);
+  }
+  template <executor Executor>
+  std::size_t add_tensor_in_place(std::span<float> params, Executor& ex) {
+    if (params.data() == nullptr && !params.empty()) {
+      throw_error(errc::invalid_argument,
+                  std::string(Derived::name) + "::add_tensor_in_place: null parameters");
+    }
+    // An empty array still needs a non-null pointer to count as held by the caller.
+    static float empty_params = 0.0f;
+    return add({}, params.empty() ? std::span<float>(&empty_params, 0) : params, ex);
+  }
+  /// Points tensor `t`, registered with `add_tensor_in_place`, at `params` (same size; its
+  /// current values are the parameters from now on). Not concurrent with a step of `t`.
+  void rebind_params(std::size_t t, std::span<float> params) {
+    tensor_state& s = registry_.at(t, Derived::name);
+    const std::string who =
+        std::string(Derived::name) + "::rebind_params: tensor " + std::to_string(t);
+    if (s.params == s.own_params.data()) {
+      throw_error(errc::invalid_argument, who + " holds its own parameters");
+    }
+    if (params.size() != s.size) {
+      throw_error(errc::size_mismatch, who + " has " + std::to_string(s.size) +
+                                           " elements, the new array " +
+                                           std::to_string(params.size()));
+    }
+    if (params.data() == nullptr && !params.empty()) {
+      throw_error(errc::invalid_argument, who + ": null parameters");
+    }
+    if (!params.empty()) s.params = params.data();
   }
 
   [[nodiscard]] std::size_t tensor_count() const noexcept { return registry_.tensor_count(); }
   [[nodiscard]] std::uint64_t tensor_size(std::size_t t) const { return tensor(t).size; }
 
-  /// The fp32 master parameters of tensor `t` (writable, e.g. to load weights).
+  /// The fp32 parameters of tensor `t` (writable, e.g. to load weights): the master copy, or
+  /// the caller's array for a tensor registered in place.
   [[nodiscard]] std::span<float> params(std::size_t t) {
-    return registry_.at(t, Derived::name).params.span();
+    tensor_state& s = registry_.at(t, Derived::name);
+    return {s.params, static_cast<std::size_t>(s.size)};
   }
   [[nodiscard]] std::span<const float> params(std::size_t t) const {
-    return tensor(t).params.span();
+    const tensor_state& s = tensor(t);
+    return {s.params, static_cast<std::size_t>(s.size)};
   }
   /// Steps applied to tensor `t` (skipped steps do not count).
   [[nodiscard]] std::uint64_t step_count_of(std::size_t t) const { return tensor(t).step; }
@@ -136,6 +174,14 @@ class optimizer_base {
   tensor_registry registry_;
 
  private:
+  template <executor Executor>
+  std::size_t add(std::span<const float> initial, std::span<float> held, Executor& ex) {
+    // A tensor keeps the arrays its checkpoint records (state_format.hpp: bit 0 params,
+    // bits 1-3 state arrays, bit 4 per-element steps).
+    const std::uint32_t mask = self().arrays_mask();
+    return registry_.add(initial, held, static_cast<std::size_t>(std::popcount(mask & 0xEu)),
+                         (mask & (1u << 4)) != 0, ex);
+  }
   // The saved state's records (optim/state_format.hpp).
   [[nodiscard]] auto records() const {
     return state_records(self().identity(), registry_, self().arrays_mask());
