@@ -11,11 +11,18 @@ baselines measured in the same run (medians of interleaved repetitions):
             two arrays read, two written), reported without a target
   adam      stellatrain.torch.optim.Adam step on 25M parameters against torch.optim.Adam (the
             faster of foreach False / True), 1 and 2 threads
+  deepspeed stellatrain.torch.optim.Adam and AdamW against DeepSpeed's own CPU Adam
+            (deepspeed.ops.adam.DeepSpeedCPUAdam: its C++ op, Step_8, built by DeepSpeed's op
+            builder) on 25M and 100M parameters, 1 and 2 threads; both optimizers step the
+            same gradients from the same start, and their parameters are compared at the end
 
 Prints a table and checks the targets: hook <= 3x the read and >= 20x faster than the torch
-form; Adam >= 2x faster than torch's. Exit status 1 when a target is missed.
+form; Adam >= 2x faster than torch's; DeepSpeed / ours >= 1. Exit status 1 when a target is
+missed. The deepspeed section needs DeepSpeed (scripts/install-deepspeed, then run with that
+environment's python).
 
     PYTHONPATH=build/ci/python bench/python/bench_torch.py [--n 25000000] [--reps 7]
+        [--only hook,adam,deepspeed]
 """
 import argparse
 import statistics
@@ -119,11 +126,50 @@ def adam_cases(n, threads):
     return cases
 
 
+def deepspeed_adam():
+    """DeepSpeedCPUAdam, or None where DeepSpeed is not installed."""
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+    except ImportError:
+        return None
+    if int(torch.__version__.split(".")[0]) < 2:
+        # torch 1.x builds extensions as C++14 unless told otherwise; DeepSpeed's sources are
+        # C++17 (torch 2.x's default). The one flag added to DeepSpeed's own build.
+        cxx_args = CPUAdamBuilder.cxx_args
+        CPUAdamBuilder.cxx_args = lambda self: cxx_args(self) + ["-std=c++17"]
+    return DeepSpeedCPUAdam
+
+
+def deepspeed_cases(ds_adam, n, threads, adamw):
+    """Ours and DeepSpeed's step on the same gradient from the same parameters: Adam with L2
+    decay 1e-4, or AdamW with decoupled decay 1e-2. Also returns the two parameters."""
+    torch.set_num_threads(threads)  # DeepSpeed's op runs on OpenMP's threads, which this sets
+    gen = torch.Generator().manual_seed(3)
+    init = torch.randn(n, generator=gen)
+    grad = torch.randn(n, generator=gen) * 1e-2
+    wd = 1e-2 if adamw else 1e-4
+    p_ours = torch.nn.Parameter(init.clone())
+    p_ds = torch.nn.Parameter(init)
+    p_ours.grad = grad.clone()
+    p_ds.grad = grad
+    ours = (st_optim.AdamW if adamw else st_optim.Adam)([p_ours], lr=1e-3, weight_decay=wd,
+                                                        threads=threads)
+    ds = ds_adam([p_ds], lr=1e-3, weight_decay=wd, adamw_mode=adamw)
+    return {"ours": ours.step, "deepspeed": ds.step}, (p_ours, p_ds)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=25_000_000)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--only", default="hook,adam,deepspeed",
+                    help="comma-separated sections: hook, adam, deepspeed")
+    ap.add_argument("--deepspeed-sizes", default="25000000,100000000")
     args = ap.parse_args()
+    sections = set(args.only.split(","))
+    if not sections <= {"hook", "adam", "deepspeed"}:
+        ap.error(f"--only: unknown section in {args.only!r}")
     rows, failed = [], 0
 
     def row(name, value, op, bound, note):
@@ -135,6 +181,27 @@ def main():
         failed += 0 if ok else 1
         rows.append((name, f"{value:.2f}", f"{op} {bound}", "ok" if ok else "FAIL", note))
 
+    if "hook" in sections:
+        hook_rows(args, row)
+    if "adam" in sections:
+        adam_rows(args, row)
+    if "deepspeed" in sections:
+        ds_adam = deepspeed_adam()
+        if ds_adam is None:
+            rows.append(("DeepSpeed CPU Adam / ours", "-", ">= 1.0", "skipped",
+                         "deepspeed is not installed: scripts/install-deepspeed"))
+        else:
+            deepspeed_rows(args, row, ds_adam)
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in [("metric", "measured", "target", "ok", "times (medians)")] + rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    targets = [r for r in rows if r[2] != "-"]
+    print(f"\n{sum(r[3] == 'ok' for r in targets)} of {len(targets)} targets met "
+          f"(n = {args.n}; torch {torch.__version__})")
+    return 1 if failed else 0
+
+
+def hook_rows(args, row):
     cases = hook_cases(args.n, 4, 0.01)
     # The torch form allocates and frees 100s of MB a call: timed apart from the read, which
     # it would otherwise disturb.
@@ -147,6 +214,9 @@ def main():
     row("hook / traffic floor", t["hook"] / t["floor"], None, None, "")
     row("torch.topk hook / hook", t["torch_hook"] / t["hook"], ">=", 20.0,
         f"{t['torch_hook'] * 1e3:.1f} ms vs {t['hook'] * 1e3:.1f} ms")
+
+
+def adam_rows(args, row):
     for threads in (1, 2):
         a = medians(adam_cases(args.n, threads), args.reps)
         best = min(a["torch_foreach"], a["torch_loop"])
@@ -154,11 +224,25 @@ def main():
             best / a["ours"], ">=", 2.0,
             f"{a['ours'] * 1e3:.1f} ms vs foreach {a['torch_foreach'] * 1e3:.1f} ms, "
             f"loop {a['torch_loop'] * 1e3:.1f} ms")
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in [("metric", "measured", "target", "ok", "times (medians)")] + rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    print(f"\n{len(rows) - failed} of {len(rows)} targets met (n = {args.n})")
-    return 1 if failed else 0
+
+
+def deepspeed_rows(args, row, ds_adam):
+    for n in (int(x) for x in args.deepspeed_sizes.split(",")):
+        for adamw in (False, True):
+            for threads in (1, 2):
+                cases, (p_ours, p_ds) = deepspeed_cases(ds_adam, n, threads, adamw)
+                t = medians(cases, args.reps)
+                # Same steps on the same data: the two must agree to rounding, else the
+                # comparison times different work.
+                diff = ((p_ours - p_ds).abs().max() / p_ds.abs().max()).item()
+                name = f"DeepSpeed {'AdamW' if adamw else 'Adam'} / ours, {n // 1_000_000}M, " \
+                       f"{threads} thread{'s' if threads > 1 else ''}"
+                row(name, t["deepspeed"] / t["ours"], ">=", 1.0,
+                    f"{t['ours'] * 1e3:.1f} ms vs {t['deepspeed'] * 1e3:.1f} ms; "
+                    f"max |p diff| / max |p| {diff:.1e}")
+                if diff > 1e-5:
+                    row(name + ": parameters agree", diff, "<=", 1e-5, "")
+                del cases, p_ours, p_ds
 
 
 if __name__ == "__main__":
