@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Scalar references of the optimizers for the tests: PyTorch's published update equations
 // written out per element, with PyTorch's scalar arithmetic (bias-correction terms in double,
-// then rounded to float when applied to the float tensors), independent of the library code.
+// then rounded to float when applied to the float tensors; one rounding where its CPU kernels
+// fuse, `fused` below), independent of the library code.
 #pragma once
 
 #include <stellatrain/optim/adam.hpp>
@@ -13,6 +14,16 @@
 #include <vector>
 
 namespace optim_test {
+
+// a * b + c as torch's CPU kernels compute `add` with alpha and `addcmul`: rounded once. On a
+// target without FMA the library rounds twice (optim_math.hpp's madd), and so does this.
+inline float fused(float a, float b, float c) {
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
 
 // Which step number each touched element uses (mirrors stellatrain::step_count).
 enum class counting { per_tensor, per_element };
@@ -29,17 +40,17 @@ struct reference_sgd {
 
   void element(std::size_t i, float g) {
     float d = o.maximize ? -g : g;
-    if (o.weight_decay != 0.0f) d = d + o.weight_decay * p[i];
+    if (o.weight_decay != 0.0f) d = fused(p[i], o.weight_decay, d);
     if (o.momentum != 0.0f) {
       const bool first = mode == counting::per_tensor ? step == 1 : touches[i] == 0;
       if (first) {
         buf[i] = d;
       } else {
-        buf[i] = buf[i] * o.momentum + static_cast<float>(1.0 - double{o.dampening}) * d;
+        buf[i] = fused(d, static_cast<float>(1.0 - double{o.dampening}), buf[i] * o.momentum);
       }
-      d = o.nesterov ? d + o.momentum * buf[i] : buf[i];
+      d = o.nesterov ? fused(buf[i], o.momentum, d) : buf[i];
     }
-    p[i] = p[i] + (-o.lr) * d;
+    p[i] = fused(d, -o.lr, p[i]);
     ++touches[i];
   }
   void dense(const std::vector<float>& g) {
@@ -74,12 +85,12 @@ struct reference_adam {
     const double k = mode == counting::per_tensor ? static_cast<double>(step) : touches[i] + 1.0;
     if (o.maximize) g = -g;
     const bool decoupled = o.decay == stellatrain::weight_decay_mode::decoupled;
-    if (o.weight_decay != 0.0f && !decoupled) g = g + o.weight_decay * p[i];
+    if (o.weight_decay != 0.0f && !decoupled) g = fused(p[i], o.weight_decay, g);
     if (o.weight_decay != 0.0f && decoupled) {
       p[i] = p[i] * static_cast<float>(1.0 - double{o.lr} * double{o.weight_decay});
     }
-    m[i] = m[i] * o.beta1 + static_cast<float>(1.0 - double{o.beta1}) * g;
-    v[i] = v[i] * o.beta2 + (static_cast<float>(1.0 - double{o.beta2}) * g) * g;
+    m[i] = fused(g, static_cast<float>(1.0 - double{o.beta1}), m[i] * o.beta1);
+    v[i] = fused(static_cast<float>(1.0 - double{o.beta2}) * g, g, v[i] * o.beta2);
     const double bc1 = 1.0 - std::pow(double{o.beta1}, k);
     const double bc2 = 1.0 - std::pow(double{o.beta2}, k);
     const auto step_size = static_cast<float>(double{o.lr} / bc1);

@@ -122,6 +122,43 @@ TEST_CASE("dense Adam, AdamW and AMSGrad follow PyTorch's update equations",
   }
 }
 
+TEST_CASE("L2 decay nearly cancelling the gradient is rounded once, as torch rounds it",
+          "[optim][dense]") {
+  // g + wd * p is tiny: wd * p rounded before the add would leave an error as large as the
+  // result. Both the dense (SIMD) and the sparse (scalar) path, against the reference.
+  const std::size_t n = 1003;
+  const float wd = 0.1f;
+  const auto p = normal(n, 31);
+  const auto noise = normal(n, 32);
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = -(p[i] * wd) * (1.0f + 1e-5f * noise[i]);
+  std::vector<std::uint32_t> all(n);
+  for (std::size_t i = 0; i < n; ++i) all[i] = static_cast<std::uint32_t>(i);
+
+  const adam_options a{.lr = 1e-3f, .weight_decay = wd};
+  reference_adam ref_a(a, p, counting::per_tensor);
+  ref_a.dense(g);
+  adam_optimizer dense_a(a), sparse_a(a);
+  dense_a.add_tensor(p);
+  sparse_a.add_tensor(p);
+  dense_a.step(0, std::span<const float>(g));
+  sparse_a.step(0, sparse_view<const float, const std::uint32_t>{all, g, n});
+  CHECK(same_bits(ref_a.m, dense_a.exp_avg(0)));
+  CHECK(same_bits(ref_a.m, sparse_a.exp_avg(0)));
+  CHECK(same_bits(ref_a.v, dense_a.exp_avg_sq(0)));
+
+  const sgd_options s{.lr = 1e-3f, .momentum = 0.9f, .weight_decay = wd};
+  reference_sgd ref_s(s, p, counting::per_tensor);
+  ref_s.dense(g);
+  sgd_optimizer dense_s(s), sparse_s(s);
+  dense_s.add_tensor(p);
+  sparse_s.add_tensor(p);
+  dense_s.step(0, std::span<const float>(g));
+  sparse_s.step(0, sparse_view<const float, const std::uint32_t>{all, g, n});
+  CHECK(same_bits(ref_s.buf, dense_s.momentum_buffer(0)));
+  CHECK(same_bits(ref_s.buf, sparse_s.momentum_buffer(0)));
+}
+
 TEST_CASE("AMSGrad keeps one maximum per element, not one per tensor", "[optim][adam][dense]") {
   adam_optimizer opt({.lr = 1e-2f, .beta2 = 0.5f, .amsgrad = true});
   const auto t = opt.add_tensor(std::vector<float>{0.0f, 0.0f});

@@ -30,6 +30,39 @@ STELLATRAIN_FORCE_INLINE xsimd::batch<float, Arch> vsqrt(
   }
 }
 
+// a * b + c rounded once, where torch's CPU kernels fuse (`add` with alpha, `addcmul`), on
+// targets with FMA; a target without it (the x86-64 baseline) rounds twice, in the scalar and
+// the SIMD path alike. The intrinsics, not xsimd::fma: xsimd 8 has no AVX-512 fma and falls
+// back to a multiply and an add.
+STELLATRAIN_FORCE_INLINE float madd(float a, float b, float c) noexcept {
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+template <class Arch>
+STELLATRAIN_FORCE_INLINE xsimd::batch<float, Arch> madd(
+    const xsimd::batch<float, Arch>& a, const xsimd::batch<float, Arch>& b,
+    const xsimd::batch<float, Arch>& c) noexcept {
+#if STELLATRAIN_X86_INTRINSICS && defined(__FMA__)
+  constexpr lane_isa isa = lane_isa_of<Arch>();
+  if constexpr (isa == lane_isa::avx512) {
+    return _mm512_fmadd_ps(a, b, c);
+  } else if constexpr (isa == lane_isa::avx2 || isa == lane_isa::avx) {
+    return _mm256_fmadd_ps(a, b, c);
+  } else if constexpr (isa == lane_isa::sse2) {
+    return _mm_fmadd_ps(a, b, c);
+  } else {
+    return xsimd::fma(a, b, c);
+  }
+#elif defined(__ARM_FEATURE_FMA)
+  return xsimd::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 STELLATRAIN_FORCE_INLINE float elementwise_max(float a, float b) noexcept {
   // torch.maximum propagates NaN; v is never NaN here (non-finite gradients never reach it).
   return a < b ? b : a;
@@ -69,25 +102,26 @@ struct sgd_coeffs {
         neg_lr(s.neg_lr) {}
 };
 
-// torch.optim.SGD, one element (or one batch of elements):
-//   d = maximize ? -g : g;  if wd: d = d + wd * p
-//   if momentum: buf = first ? d : buf * momentum + (1 - dampening) * d
-//                d = nesterov ? d + momentum * buf : buf
-//   p = p + (-lr) * d
+// torch.optim.SGD, one element (or one batch of elements), fused where torch's `add` with
+// alpha is (see madd):
+//   d = maximize ? -g : g;  if wd: d = fma(p, wd, d)
+//   if momentum: buf = first ? d : fma(d, 1 - dampening, buf * momentum)
+//                d = nesterov ? fma(buf, momentum, d) : buf
+//   p = fma(d, -lr, p)
 template <bool Momentum, bool Nesterov, bool WeightDecay, class T>
 STELLATRAIN_FORCE_INLINE void sgd_update(T& p, T g, T& buf, bool first,
                                          const sgd_coeffs<T>& c) noexcept {
   T d = g * c.sign;
-  if constexpr (WeightDecay) d = d + c.weight_decay * p;
+  if constexpr (WeightDecay) d = madd(p, c.weight_decay, d);
   if constexpr (Momentum) {
-    buf = first ? d : buf * c.momentum + c.one_minus_dampening * d;
+    buf = first ? d : madd(d, c.one_minus_dampening, buf * c.momentum);
     if constexpr (Nesterov) {
-      d = d + c.momentum * buf;
+      d = madd(buf, c.momentum, d);
     } else {
       d = buf;
     }
   }
-  p = p + c.neg_lr * d;
+  p = madd(d, c.neg_lr, p);
 }
 
 // ------------------------------------------------------------------------------- Adam
@@ -126,21 +160,22 @@ struct adam_coeffs {
         inv_sqrt_bias_correction2(s.inv_sqrt_bias_correction2) {}
 };
 
-// torch.optim.Adam / AdamW, one element (or batch):
+// torch.optim.Adam / AdamW, one element (or batch), with torch's roundings where it fuses
+// (fma: `add(alpha)` and `addcmul`; torch 2's `lerp_` for m rounds within an ulp of this):
 //   g = maximize ? -g : g
-//   Adam:  if wd: g = g + wd * p           AdamW: p = p * (1 - lr * wd)
-//   m = m * beta1 + (1 - beta1) * g
-//   v = v * beta2 + ((1 - beta2) * g) * g
+//   Adam:  if wd: g = fma(p, wd, g)        AdamW: p = p * (1 - lr * wd)
+//   m = fma(g, 1 - beta1, m * beta1)
+//   v = fma((1 - beta2) * g, g, v * beta2)
 //   AMSGrad: vmax = max(vmax, v), v' = vmax
 //   p = p + (-step_size * m) / (sqrt(v') / sqrt(bc2) + eps)
 template <bool Amsgrad, bool CoupledDecay, bool DecoupledDecay, class T>
 STELLATRAIN_FORCE_INLINE void adam_update(T& p, T g, T& m, T& v, T& vmax,
                                           const adam_coeffs<T>& c) noexcept {
   g = g * c.sign;
-  if constexpr (CoupledDecay) g = g + c.weight_decay * p;
+  if constexpr (CoupledDecay) g = madd(p, c.weight_decay, g);
   if constexpr (DecoupledDecay) p = p * c.decay;
-  m = m * c.beta1 + c.one_minus_beta1 * g;
-  v = v * c.beta2 + (c.one_minus_beta2 * g) * g;
+  m = madd(g, c.one_minus_beta1, m * c.beta1);
+  v = madd(c.one_minus_beta2 * g, g, v * c.beta2);
   T second = v;
   if constexpr (Amsgrad) {
     vmax = elementwise_max(vmax, v);
