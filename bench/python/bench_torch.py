@@ -25,9 +25,16 @@ environment's python).
         [--only hook,adam,deepspeed]
 """
 import argparse
+import os
 import statistics
 import sys
 import time
+
+# OpenMP's workers (torch's and DeepSpeed's) keep spinning after each parallel region by
+# default; on a 2-core machine a spinning worker holds the core that the next case, ours or
+# theirs, needs. Idle workers sleep here, as the stellatrain pool's do. Set before libgomp
+# starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import torch
 

@@ -70,7 +70,7 @@ class tensor_registry {
   // after another, same-sized arrays otherwise start a multiple of a large power of two apart
   // (at 100M elements, 384 MiB), so the i-th elements of all of them fall in the same memory
   // bank and the streams of a dense step evict one another's open rows: a dense Adam step
-  // over 100M parameters took 1.5x as long (bench_optim, BM_optim_adam_array_offsets).
+  // over 100M parameters took 1.4-1.8x as long (bench_optim, BM_optim_adam_array_offsets).
   static constexpr std::size_t array_stagger = 69 * cache_line_bytes;
 
   // `held`: the caller's parameters, updated in place (`initial` is then empty); else a copy
