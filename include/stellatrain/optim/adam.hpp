@@ -131,11 +131,11 @@ inline constexpr adam_options adamw_defaults{.weight_decay = 1e-2f,
 /// Indices must be sorted non-decreasing; equal indices are summed into one update; an index
 /// out of range or out of order is an error and nothing is written.
 ///
-/// Registration (`add_tensor`), the dense and sparse `step`, `params`, step counts and
-/// checkpoints (`save_state`, `load_state`) are common to the optimizers and documented in
-/// optim/detail/optimizer_base.hpp. `load_state` requires the saved state's formula, l2 /
-/// decoupled, amsgrad, maximize and step mode to match, and takes over its lr, betas, eps and
-/// weight decay.
+/// Registration (`add_tensor`, or `add_tensor_in_place` for parameters the caller holds), the
+/// dense and sparse `step`, `params`, step counts and checkpoints (`save_state`, `load_state`)
+/// are common to the optimizers and documented in optim/detail/optimizer_base.hpp. `load_state`
+/// requires the saved state's formula, l2 / decoupled, amsgrad, maximize and step mode to match,
+/// and takes over its lr, betas, eps and weight decay.
 ///
 /// Thread safety: steps on different tensors may run concurrently; `add_tensor`,
 /// `set_lr` and `load_state` must not overlap any other call. Steps never allocate.

@@ -84,11 +84,11 @@ struct sgd_options {
 /// equal indices are summed into one update, an index out of range or out of order is an
 /// error and nothing is written. Every step is all-or-nothing with respect to errors.
 ///
-/// Registration (`add_tensor`), the dense and sparse `step`, `params`, step counts and
-/// checkpoints (`save_state`, `load_state`) are common to the optimizers and documented in
-/// optim/detail/optimizer_base.hpp. `load_state` requires the saved state's momentum on/off,
-/// nesterov, maximize and step mode to match, and takes over its lr, momentum, dampening and
-/// weight decay.
+/// Registration (`add_tensor`, or `add_tensor_in_place` for parameters the caller holds), the
+/// dense and sparse `step`, `params`, step counts and checkpoints (`save_state`, `load_state`)
+/// are common to the optimizers and documented in optim/detail/optimizer_base.hpp. `load_state`
+/// requires the saved state's momentum on/off, nesterov, maximize and step mode to match, and takes
+/// over its lr, momentum, dampening and weight decay.
 ///
 /// Thread safety: steps on different tensors may run concurrently (each tensor has its own
 /// arrays); `add_tensor`, `set_lr`, `load_state` must not overlap any other call.
