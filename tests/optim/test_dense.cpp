@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 using namespace stellatrain;
@@ -134,27 +135,26 @@ TEST_CASE("L2 decay nearly cancelling the gradient is rounded once, as torch rou
   for (std::size_t i = 0; i < n; ++i) g[i] = -(p[i] * wd) * (1.0f + 1e-5f * noise[i]);
   std::vector<std::uint32_t> all(n);
   for (std::size_t i = 0; i < n; ++i) all[i] = static_cast<std::uint32_t>(i);
+  // One dense and one sparse step of an optimizer made with `o`, and the reference's step.
+  auto step_all = [&]<class Optimizer, class Reference>(const auto& o) {
+    std::tuple<Optimizer, Optimizer, Reference> r{Optimizer(o), Optimizer(o),
+                                                  Reference(o, p, counting::per_tensor)};
+    auto& [dense, sparse, ref] = r;
+    dense.add_tensor(p);
+    sparse.add_tensor(p);
+    dense.step(0, std::span<const float>(g));
+    sparse.step(0, sparse_view<const float, const std::uint32_t>{all, g, n});
+    ref.dense(g);
+    return r;
+  };
 
-  const adam_options a{.lr = 1e-3f, .weight_decay = wd};
-  reference_adam ref_a(a, p, counting::per_tensor);
-  ref_a.dense(g);
-  adam_optimizer dense_a(a), sparse_a(a);
-  dense_a.add_tensor(p);
-  sparse_a.add_tensor(p);
-  dense_a.step(0, std::span<const float>(g));
-  sparse_a.step(0, sparse_view<const float, const std::uint32_t>{all, g, n});
+  auto [dense_a, sparse_a, ref_a] = step_all.operator()<adam_optimizer, reference_adam>(
+      adam_options{.lr = 1e-3f, .weight_decay = wd});
   CHECK(same_bits(ref_a.m, dense_a.exp_avg(0)));
   CHECK(same_bits(ref_a.m, sparse_a.exp_avg(0)));
   CHECK(same_bits(ref_a.v, dense_a.exp_avg_sq(0)));
-
-  const sgd_options s{.lr = 1e-3f, .momentum = 0.9f, .weight_decay = wd};
-  reference_sgd ref_s(s, p, counting::per_tensor);
-  ref_s.dense(g);
-  sgd_optimizer dense_s(s), sparse_s(s);
-  dense_s.add_tensor(p);
-  sparse_s.add_tensor(p);
-  dense_s.step(0, std::span<const float>(g));
-  sparse_s.step(0, sparse_view<const float, const std::uint32_t>{all, g, n});
+  auto [dense_s, sparse_s, ref_s] = step_all.operator()<sgd_optimizer, reference_sgd>(
+      sgd_options{.lr = 1e-3f, .momentum = 0.9f, .weight_decay = wd});
   CHECK(same_bits(ref_s.buf, dense_s.momentum_buffer(0)));
   CHECK(same_bits(ref_s.buf, sparse_s.momentum_buffer(0)));
 }
