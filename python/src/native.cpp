@@ -71,7 +71,7 @@ class group_optimizer {
                           std::to_string(elements));
     }
     // The tensor's storage may have been replaced since the last step (`p.data = ...`).
-    if (elements != 0 && opt_.params(t).data() != p.data()) opt_.rebind_params(t, p);
+    if (opt_.params(t).data() != p.data()) opt_.rebind_params(t, p);
     py::gil_scoped_release unlocked;
     st::step_report report;
     ex_->run([&](auto& ex) { report = opt_.step(t, g, ex); });

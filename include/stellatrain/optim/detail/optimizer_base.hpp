@@ -20,6 +20,7 @@
 #include <ostream>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 namespace stellatrain::detail {
 
@@ -40,7 +41,8 @@ class optimizer_base {
   }
   template <executor Executor>
   std::size_t add_tensor(std::span<const float> initial_params, Executor& ex) {
-    return add(initial_params, {}, ex);
+    const auto [arrays, steps] = state_layout();
+    return registry_.add(initial_params, arrays, steps, ex);
   }
 
   /// Registers a tensor whose parameters the caller holds: steps update `params` in place, so
@@ -58,28 +60,25 @@ class optimizer_base {
       throw_error(errc::invalid_argument,
                   std::string(Derived::name) + "::add_tensor_in_place: null parameters");
     }
-    // An empty array still needs a non-null pointer to count as held by the caller.
-    static float empty_params = 0.0f;
-    return add({}, params.empty() ? std::span<float>(&empty_params, 0) : params, ex);
+    const auto [arrays, steps] = state_layout();
+    return registry_.add_held(params, arrays, steps, ex);
   }
   /// Points tensor `t`, registered with `add_tensor_in_place`, at `params` (same size; its
   /// current values are the parameters from now on). Not concurrent with a step of `t`.
   void rebind_params(std::size_t t, std::span<float> params) {
     tensor_state& s = registry_.at(t, Derived::name);
-    const std::string who =
-        std::string(Derived::name) + "::rebind_params: tensor " + std::to_string(t);
-    if (s.params == s.own_params.data()) {
-      throw_error(errc::invalid_argument, who + " holds its own parameters");
-    }
+    auto fail = [&](errc code, const std::string& what) {
+      throw_error(
+          code, std::string(Derived::name) + "::rebind_params: tensor " + std::to_string(t) + what);
+    };
+    if (!s.caller_held) fail(errc::invalid_argument, " holds its own parameters");
     if (params.size() != s.size) {
-      throw_error(errc::size_mismatch, who + " has " + std::to_string(s.size) +
-                                           " elements, the new array " +
-                                           std::to_string(params.size()));
+      fail(errc::size_mismatch, " has " + std::to_string(s.size) + " elements, the new array " +
+                                    std::to_string(params.size()));
     }
-    if (params.data() == nullptr && !params.empty()) {
-      throw_error(errc::invalid_argument, who + ": null parameters");
-    }
-    if (!params.empty()) s.params = params.data();
+    if (params.data() == nullptr && !params.empty())
+      fail(errc::invalid_argument, ": null parameters");
+    s.params = params.data();
   }
 
   [[nodiscard]] std::size_t tensor_count() const noexcept { return registry_.tensor_count(); }
@@ -174,13 +173,12 @@ class optimizer_base {
   tensor_registry registry_;
 
  private:
-  template <executor Executor>
-  std::size_t add(std::span<const float> initial, std::span<float> held, Executor& ex) {
-    // A tensor keeps the arrays its checkpoint records (state_format.hpp: bit 0 params,
-    // bits 1-3 state arrays, bit 4 per-element steps).
+  // The state arrays a tensor keeps and whether it counts steps per element: the arrays its
+  // checkpoint records (state_format.hpp: bit 0 params, bits 1-3 state arrays, bit 4
+  // per-element steps).
+  [[nodiscard]] std::pair<std::size_t, bool> state_layout() const {
     const std::uint32_t mask = self().arrays_mask();
-    return registry_.add(initial, held, static_cast<std::size_t>(std::popcount(mask & 0xEu)),
-                         (mask & (1u << 4)) != 0, ex);
+    return {static_cast<std::size_t>(std::popcount(mask & 0xEu)), (mask & (1u << 4)) != 0};
   }
   // The saved state's records (optim/state_format.hpp).
   [[nodiscard]] auto records() const {

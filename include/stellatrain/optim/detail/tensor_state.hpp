@@ -27,6 +27,7 @@ inline constexpr std::size_t max_state_arrays = 3;
 struct tensor_state {
   aligned_buffer<float> own_params;  // empty when the caller holds the parameters
   float* params = nullptr;           // own_params.data() or the caller's array
+  bool caller_held = false;          // registered in place
   std::array<aligned_buffer<float>, max_state_arrays> state;  // e.g. m, v, vmax
   aligned_buffer<std::uint32_t> element_steps;                // per_element step counts
   std::uint64_t step = 0;                                     // step calls applied
@@ -73,28 +74,45 @@ class tensor_registry {
   // over 100M parameters took 1.4-1.8x as long (bench_optim, BM_optim_adam_array_offsets).
   static constexpr std::size_t array_stagger = 69 * cache_line_bytes;
 
-  // `held`: the caller's parameters, updated in place (`initial` is then empty); else a copy
-  // of `initial` is made.
+  // Copies `initial` into parameters of the optimizer's own.
   template <executor Executor>
-  std::size_t add(std::span<const float> initial, std::span<float> held, std::size_t state_arrays,
-                  bool element_steps, Executor& ex) {
+  std::size_t add(std::span<const float> initial, std::size_t state_arrays, bool element_steps,
+                  Executor& ex) {
     tensor_state t;
-    const std::size_t n = held.data() != nullptr ? held.size() : initial.size();
+    const std::size_t n = initial.size();
+    t.own_params = aligned_buffer<float>(n, placed(0, false), ex);
+    t.params = t.own_params.data();
+    // Copying the initial values touches every page of the parameters.
+    for_each_chunk(ex, n, balanced_grain(n, ex.concurrency(), std::uint64_t{1} << 18, 16),
+                   [&](std::uint64_t b, std::uint64_t e) {
+                     std::memcpy(t.params + b, initial.data() + b, (e - b) * sizeof(float));
+                   });
+    return push(std::move(t), n, state_arrays, element_steps, ex);
+  }
+
+  // Steps update the caller's `params` in place.
+  template <executor Executor>
+  std::size_t add_held(std::span<float> params, std::size_t state_arrays, bool element_steps,
+                       Executor& ex) {
+    tensor_state t;
+    t.params = params.data();
+    t.caller_held = true;
+    return push(std::move(t), params.size(), state_arrays, element_steps, ex);
+  }
+
+  [[nodiscard]] std::vector<tensor_state>& tensors() noexcept { return tensors_; }
+  [[nodiscard]] const std::vector<tensor_state>& tensors() const noexcept { return tensors_; }
+
+ private:
+  static buffer_options placed(std::size_t a, bool prefault) {
+    return {.prefault = prefault, .offset = (a + 1) * array_stagger};
+  }
+
+  // Allocates the state arrays of `t` (n elements) and registers it.
+  template <executor Executor>
+  std::size_t push(tensor_state t, std::size_t n, std::size_t state_arrays, bool element_steps,
+                   Executor& ex) {
     t.size = n;
-    auto placed = [](std::size_t a, bool prefault) {
-      return buffer_options{.prefault = prefault, .offset = (a + 1) * array_stagger};
-    };
-    if (held.data() != nullptr) {
-      t.params = held.data();
-    } else {
-      t.own_params = aligned_buffer<float>(n, placed(0, false), ex);
-      t.params = t.own_params.data();
-      // Copying the initial values touches every page of the parameters.
-      for_each_chunk(ex, n, balanced_grain(n, ex.concurrency(), std::uint64_t{1} << 18, 16),
-                     [&](std::uint64_t b, std::uint64_t e) {
-                       std::memcpy(t.params + b, initial.data() + b, (e - b) * sizeof(float));
-                     });
-    }
     for (std::size_t a = 0; a < state_arrays; ++a)
       t.state[a] = aligned_buffer<float>(n, placed(a + 1, true), ex);
     if (element_steps)
@@ -103,10 +121,6 @@ class tensor_registry {
     return tensors_.size() - 1;
   }
 
-  [[nodiscard]] std::vector<tensor_state>& tensors() noexcept { return tensors_; }
-  [[nodiscard]] const std::vector<tensor_state>& tensors() const noexcept { return tensors_; }
-
- private:
   std::vector<tensor_state> tensors_;
 };
 
