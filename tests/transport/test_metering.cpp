@@ -5,6 +5,7 @@
 
 #include <stellatrain/stellatrain.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -56,8 +57,9 @@ TEST_CASE("metering: counts bytes and messages per peer", "[transport][metering]
   CHECK(callbacks == 4 * 6);
 }
 
-TEST_CASE("metering: achieved rate over a shaped link matches the shaping",
-          "[transport][metering]") {
+// One transfer of 1 MiB in four sends over a 50 Mbit/s shaped link; returns the rate the
+// sender's meter reports.
+static double metered_rate_of_one_transfer() {
   double rate = 0;
   run_in_process(2, [&](in_process_transport& raw) {
     metered_transport t(
@@ -90,9 +92,23 @@ TEST_CASE("metering: achieved rate over a shaped link matches the shaping",
       CHECK(t.snapshot().total.bytes_received == n);
     }
   });
-  CAPTURE(rate);
-  CHECK(rate >= 50e6 * 0.95);
-  CHECK(rate <= 50e6 * 1.05);
+  return rate;
+}
+
+TEST_CASE("metering: achieved rate over a shaped link matches the shaping",
+          "[transport][metering]") {
+  // A stalled thread (other tests share the two cores, sanitizers slow every step) can only
+  // lower the achieved rate, never raise it past the shaping: every attempt must stay under
+  // the upper bound, and the best of up to three must reach the lower one.
+  double best = 0;
+  for (int attempt = 0; attempt < 3 && best < 50e6 * 0.95; ++attempt) {
+    const double rate = metered_rate_of_one_transfer();
+    CAPTURE(attempt, rate);
+    CHECK(rate <= 50e6 * 1.05);
+    best = std::max(best, rate);
+  }
+  CAPTURE(best);
+  CHECK(best >= 50e6 * 0.95);
 }
 
 TEST_CASE("metering: failed and cancelled operations are not counted", "[transport][metering]") {
