@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Local steps: the outer step equals DiLoCo's on the (weighted) mean pseudo-gradient, every
-// rank holds the same bits after each outer step (flat and hierarchical), H = 1 is the
-// per-step exchange, and bad use fails with clear errors.
+// rank holds the same bits after each outer step (flat and hierarchical, chunked sections
+// included), H = 1 is the per-step exchange, and bad use fails with clear errors.
 #include <stellatrain/compress/chunked_compressor.hpp>
 #include <stellatrain/compress/error_feedback.hpp>
 #include <stellatrain/core/thread_pool.hpp>
@@ -235,6 +235,82 @@ TEST_CASE("local steps: chunked 2-bit sections, every rank the same bits",
   INFO("bytes per outer step: chunked " << chunked_bytes / outer_steps << ", bf16 top-k "
                                         << bf16_bytes / outer_steps);
   CHECK(chunked_bytes < 0.75 * bf16_bytes);
+}
+
+// The chunked compressor without its wire section: its selections travel as pairs, as any
+// compressor's do.
+struct chunked_as_pairs {
+  using value_type = float;
+  using index_type = std::uint32_t;
+  chunked_compressor<> inner;
+  template <executor E>
+  void add_tensor(E& ex, std::uint32_t id, std::uint64_t n) {
+    inner.add_tensor(ex, id, n);
+  }
+  template <executor E>
+  selection_stats compress(E& ex, std::uint32_t id, std::span<const float> g, std::uint64_t k,
+                           sparse_buffer<float>& out) {
+    return inner.compress(ex, id, g, k, out);
+  }
+  [[nodiscard]] std::span<const float> residual(std::uint32_t id) const {
+    return inner.residual(id);
+  }
+  [[nodiscard]] std::vector<std::byte> save_state() const { return inner.save_state(); }
+  template <executor E>
+  void load_state(E& ex, std::span<const std::byte> saved) {
+    inner.load_state(ex, saved);
+  }
+};
+static_assert(compressor<chunked_as_pairs> && !detail::packs_chunked<chunked_as_pairs>);
+
+// The hierarchical exchange sends chunked sections between owners of the same shard (2,2) and
+// pairs where shards overlap in part (3,1): every rank holds the same bits, the same as when
+// every selection travels as pairs, and with fewer bytes over the WAN.
+TEST_CASE("local steps: chunked sections in the hierarchical exchange", "[pipeline][local_steps]") {
+  const char* clusters = GENERATE("2,2", "3,1");
+  CAPTURE(clusters);
+  const std::uint32_t h = 2;
+  const int outer_steps = 3;
+  const double density = 16.0 / 256;
+  const chunked_compressor_options codec{
+      .chunk_bits = 8, .bits = chunk_value_bits::two, .decay = 0.95f};
+  const auto topo = cluster_topology::parse(clusters);
+  std::vector<std::vector<params_t>> chunked(4), pairs(4);
+  std::vector<pipeline_stats> chunked_stats(4), pairs_stats(4);
+  run_in_process_clusters(topo, [&](in_process_transport& lan, in_process_transport& wan) {
+    const auto r = static_cast<std::size_t>(wan.rank());
+    thread_pool pool{1};
+    const hierarchical_links<in_process_transport> links{lan, wan, topo};
+    {
+      pipeline p(links, pool, chunked_compressor<>(codec), sgd_optimizer({.lr = 1.0f}),
+                 {.bucket_bytes = 20000, .staleness = 0}, fixed_density{density});
+      add_sizes(p, wan.rank());
+      p.start();
+      chunked[r] = train_local(p, wan.rank(), h, outer_steps);
+      chunked_stats[r] = p.stats();
+    }
+    pipeline p(links, pool, chunked_as_pairs{chunked_compressor<>(codec)},
+               sgd_optimizer({.lr = 1.0f}),
+               {.bucket_bytes = 20000, .staleness = 0, .tag_base = 30000}, fixed_density{density});
+    add_sizes(p, wan.rank());
+    p.start();
+    pairs[r] = train_local(p, wan.rank(), h, outer_steps);
+    pairs_stats[r] = p.stats();
+  });
+  require_same_on_every_rank(chunked);
+  for (int o = 0; o < outer_steps; ++o) {
+    const auto at = static_cast<std::size_t>(o);
+    require_same_bits(chunked[0][at], pairs[0][at]);
+  }
+  CHECK(chunked[0][1][4] != chunked[0][0][4]);
+  const double chunked_bytes = static_cast<double>(chunked_stats[0].bytes_sent);
+  const double pair_bytes = static_cast<double>(pairs_stats[0].bytes_sent);
+  INFO("WAN bytes of rank 0: chunked " << chunked_bytes << ", pairs " << pair_bytes);
+  if (topo.size_of(0) == topo.size_of(1)) {
+    CHECK(chunked_bytes < 0.5 * pair_bytes);
+  } else {
+    CHECK(chunked_bytes == pair_bytes);
+  }
 }
 
 // With H = 1, an inner SGD of rate lr and a plain outer SGD of rate 1, the outer step applies

@@ -43,8 +43,9 @@ struct chunked_compressor_options {
 /// `compress` writes the selection as (tensor index, dequantised value) pairs, and
 /// `wire_section(id)` the same selection as the wire carries it: the flat exchange packs it
 /// as a chunked section (format version 3; at b = 12, 64 per chunk and 2-bit values, 14.5
-/// bits per pair instead of about 25 for bf16 values and delta indices); the hierarchical
-/// exchange, which cuts selections into shards by index range, sends the pairs as fp32.
+/// bits per pair instead of about 25 for bf16 values and delta indices), and so does the
+/// hierarchical exchange between owners of the same shard (clusters of one size); where
+/// shards overlap only in part, it cuts the selection by index range and sends fp32 pairs.
 /// The residual is the codec's feedback, the quantisation error included.
 ///
 /// \code

@@ -53,7 +53,9 @@ struct hierarchical_links {
 ///    compressor's ids are piece ids, so the residuals stay per shard).
 /// 3. Over the WAN, each rank sends its packed shard only to the ranks of other clusters
 ///    whose shard overlaps it, as its length and then chunks of the transport's preferred
-///    size, and decodes theirs after checking every index against the range.
+///    size, and decodes theirs after checking every index against the range. A compressor
+///    with a wire section of its own (`chunked_compressor`) sends it per piece to an owner of
+///    the same shard (clusters of one size); other overlaps travel as pairs.
 /// 4. The merged shard (its own values plus the others', summed in cluster order, scaled for
 ///    the mean) is all-gathered over the LAN, so that every rank applies the same update.
 /// `rank()` and `ranks()` of the pipeline are the WAN's (global) ones; `start` checks every

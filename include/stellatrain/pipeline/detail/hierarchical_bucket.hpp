@@ -5,6 +5,7 @@
 // and an all-gather of the merged shards inside the cluster (LAN).
 #pragma once
 
+#include <stellatrain/compress/compressor.hpp>
 #include <stellatrain/config.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/sparse.hpp>
@@ -76,6 +77,7 @@ class hierarchical_bucket {
       const auto& p = layout_.pieces[i];
       const auto& t = tensors_[p.tensor];
       const std::uint64_t len = p.end - p.begin;
+      piece_unpacker_.register_tensor(static_cast<std::uint32_t>(i), len);
       selections_[i].reserve(len, {.prefault = false});
       own_float_[i].reserve(len, {.prefault = false});
       merged_[i].set_dense_size(t.size);
@@ -119,9 +121,10 @@ class hierarchical_bucket {
       sel.set_dense_size(t.size);
       res.elements += sel.size();
     }
-    exchange_wan(step, tags.wan, reports, ex, res);
+    exchange_wan(step, tags.wan, reports, compressor, ex, res);
     res.link_bytes = res.sent_bytes;
-    for (std::size_t q = 0; q < layout_.peers.size(); ++q) decode_peer(q, step, ex, sink);
+    for (std::size_t q = 0; q < layout_.peers.size(); ++q)
+      decode_peer(q, per_piece<Compressor>(layout_.peers[q]), step, ex, sink);
     merge(ex);
     gather_lan(step, tags.gather, reports, ex, sink);
     return res;
@@ -141,9 +144,18 @@ class hierarchical_bucket {
     return npos;
   }
 
-  template <class Executor>
+  // Whether the selections for peer `p` travel per piece, as the compressor encoded them
+  // (chunked sections, section id = the piece's index in the layout): where the compressor has
+  // a wire section of its own and the peer holds the same pieces. Elsewhere they travel per
+  // tensor, cut to the overlap, as pairs.
+  template <class Compressor>
+  static bool per_piece(const shard_peer& p) noexcept {
+    return packs_chunked<Compressor> && p.same_shard;
+  }
+
+  template <class Compressor, class Executor>
   void exchange_wan(std::int64_t step, tag_type tag, std::span<const std::byte> reports,
-                    Executor& ex, exchange_traffic& res) {
+                    const Compressor& compressor, Executor& ex, exchange_traffic& res) {
     const hierarchical_context<Transport>& links = links_;
     Transport& wan = *links.wan;
     const auto& peers = layout_.peers;
@@ -164,6 +176,13 @@ class hierarchical_bucket {
       }
       packer_.clear(static_cast<std::uint64_t>(step));
       for (std::size_t i = 0; i < layout_.pieces.size(); ++i) {
+        if constexpr (packs_chunked<Compressor>) {
+          if (per_piece<Compressor>(peers[q])) {
+            packer_.add_chunked(static_cast<std::uint32_t>(i),
+                                compressor.wire_section(layout_.pieces[i].compressor_id));
+            continue;
+          }
+        }
         const auto& t = tensors_[layout_.pieces[i].tensor];
         const auto v = std::as_const(selections_[i]).view();
         // The pairs inside the overlap, in the tensor's indices.
@@ -241,16 +260,31 @@ class hierarchical_bucket {
   }
 
   // Decodes the message of peer q into from_peer_[q], checking that every section lies in
-  // this rank's shard (where a peer's selection must be).
+  // this rank's shard (where a peer's selection must be). `pieces`: its sections are this
+  // rank's pieces by index (`per_piece`), each of the piece's length, else tensors.
   template <class Executor>
-  void decode_peer(std::size_t q, std::int64_t step, Executor& ex, report_sink sink) {
+  void decode_peer(std::size_t q, bool pieces, std::int64_t step, Executor& ex, report_sink sink) {
     const int from = layout_.peers[q].rank;
     auto who = [&] { return tier_name(from, "the WAN"); };
     const message_buffer& m = received_[q];
+    message_unpacker& u = pieces ? piece_unpacker_ : unpacker_;
     const message_info& info = read_bucket_message(
-        unpacker_, std::span<const std::byte>(m.data(), m.size()), step, from, ex, sink, who);
+        u, std::span<const std::byte>(m.data(), m.size()), step, from, ex, sink, who);
     for (std::size_t s = 0; s < info.sections.size(); ++s) {
       const section_info& sec = info.sections[s];
+      if (pieces) {
+        // The unpacker took only registered ids (the pieces) at their length: every index is
+        // inside the piece.
+        const std::size_t piece = sec.tensor;
+        const auto& p = layout_.pieces[piece];
+        auto& dst = from_peer_[q][piece];
+        dst.resize(0);
+        dst.reserve(sec.count, {.prefault = false});
+        dst.set_dense_size(sec.dense_size);
+        u.decode(s, dst, ex);
+        for (auto& x : dst.indices()) x = static_cast<Index>(x + p.begin);
+        continue;
+      }
       const std::size_t piece = piece_of(sec.tensor);
       if (piece == npos) {
         throw_error(errc::malformed_message, who() + " sent tensor " + std::to_string(sec.tensor) +
@@ -260,7 +294,7 @@ class hierarchical_bucket {
       dst.resize(0);
       dst.reserve(sec.count, {.prefault = false});
       dst.set_dense_size(sec.dense_size);
-      unpacker_.decode(s, dst, ex);
+      u.decode(s, dst, ex);
       const auto& p = layout_.pieces[piece];
       if (dst.size() > 0 && (dst.indices().front() < p.begin || dst.indices().back() >= p.end)) {
         throw_error(errc::malformed_message,
@@ -399,6 +433,7 @@ class hierarchical_bucket {
   std::vector<message_buffer> lan_received_;  // per local rank
   message_packer packer_;
   message_unpacker unpacker_;
+  message_unpacker piece_unpacker_;  // the pieces by index, at their lengths (`per_piece`)
   sparse_merger merger_;
   collective_workspace<Transport> lan_ws_;
   collective_workspace<Transport> wan_ws_;

@@ -31,6 +31,9 @@ struct shard_peer {
   int cluster = 0;
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
+  // Its shard is this rank's (clusters of one size): both hold the same pieces, in the same
+  // order, so a selection can travel per piece as the compressor encoded it.
+  bool same_shard = false;
 };
 
 // Who owns what of an n-element bucket: local rank j of cluster c owns segment j of n over the
@@ -66,7 +69,13 @@ inline shard_layout make_shard_layout(const cluster_topology& topo, int rank,
       const auto theirs = segment_of(n, topo.size_of(c), j);
       const std::uint64_t b = std::max(L.mine.begin, theirs.begin);
       const std::uint64_t e = std::min(L.mine.end, theirs.end);
-      if (b < e) L.peers.push_back({topo.global_rank(c, j), c, b, e});
+      if (b < e) {
+        L.peers.push_back({.rank = topo.global_rank(c, j),
+                           .cluster = c,
+                           .begin = b,
+                           .end = e,
+                           .same_shard = theirs.begin == L.mine.begin && theirs.end == L.mine.end});
+      }
     }
   }
   return L;
