@@ -93,11 +93,15 @@ std::string check_writable(const std::string& dir) {
 }
 
 constexpr const char* footer = R"(
-Modes run in the order dense, dense-hier, stellatrain, stellatrain-hier: dense averages the
-gradient through a ring all-reduce (what PyTorch DDP does), dense-hier reduces inside each
-cluster first, stellatrain is the pipeline (top-k with error feedback, packing, sparse
-all-gather, CPU Adam, the bandwidth-adaptive density controller) and stellatrain-hier its
-hierarchical exchange.
+Modes run in the order dense, dense-hier, diloco, stellatrain, stellatrain-hier,
+stellatrain-local: dense averages the gradient through a ring all-reduce (what PyTorch DDP
+does), dense-hier reduces inside each cluster first, diloco is DiLoCo's published method
+written here (H inner Adam steps at --lr, fp32 pseudo-gradients all-reduced as dense-hier
+does, outer Nesterov SGD with lr 0.7 and momentum 0.9), stellatrain is the pipeline (top-k with error
+feedback, packing, sparse all-gather, CPU Adam, the bandwidth-adaptive density controller),
+stellatrain-hier its hierarchical exchange and stellatrain-local its local steps (H inner Adam
+steps, the pseudo-gradients as k of every 4096 in 1 or 2 bits with error feedback, exchanged
+hierarchically between clusters, outer SGD of rate 1).
 
 The learning-rate defaults are the best of sweeps on the reference machine (dense
 0.0005-0.003, stellatrain 0.001-0.008; with the decay, starts of dense 0.001-0.003 and
@@ -158,7 +162,7 @@ std::optional<int> parse_options(int argc, char** argv, settings& s) {
                                "cluster [4]")
                     ->check(integer_in(1, 1024));
   auto* bandwidth =
-      app.add_option("--bandwidth", s.bandwidth_mbps,
+      app.add_option("--bandwidth,--uplink", s.bandwidth_mbps,
                      "each cluster's uplink in Mbit/s, shaped by the library in each direction "
                      "(shared by the cluster's ranks of one process); 0: no shaping [100 for "
                      "inprocess, 0 otherwise: the network (wan-emu) decides]")
@@ -185,20 +189,24 @@ std::optional<int> parse_options(int argc, char** argv, settings& s) {
       ->capture_default_str();
   app.add_option("--mode", modes,
                  "modes to run, comma-separated: all, both (dense,stellatrain), dense, "
-                 "dense-hier, stellatrain, stellatrain-hier, stellatrain-local [all]")
+                 "dense-hier, diloco, stellatrain, stellatrain-hier, stellatrain-local [all]")
       ->delimiter(',')
-      ->check(CLI::IsMember({"all", "both", "dense", "dense-hier", "stellatrain",
+      ->check(CLI::IsMember({"all", "both", "dense", "dense-hier", "diloco", "stellatrain",
                              "stellatrain-hier", "stellatrain-local"}));
+  app.add_flag("--stop-at-target", s.stop_at_target,
+               "end each mode at its first evaluation at or above --target (its final "
+               "accuracy is then that point's, on the whole test set)");
   app.add_option("--batch", s.batch, "examples per rank and step")
       ->check(integer_in(1, 1 << 16))
       ->capture_default_str();
   app.add_option("--hidden", s.hidden, "width of the two hidden layers")
       ->check(integer_in(1, 1 << 14))
       ->capture_default_str();
-  app.add_option("--lr", s.lr, "Adam learning rate of the dense modes")
+  app.add_option("--lr", s.lr, "Adam learning rate of the dense modes and diloco's inner steps")
       ->check(number_in(0, 10, true))
       ->capture_default_str();
-  app.add_option("--sparse-lr", s.sparse_lr, "Adam learning rate of the stellatrain modes")
+  app.add_option("--sparse-lr", s.sparse_lr,
+                 "Adam learning rate of the stellatrain modes (stellatrain-local: its inner steps)")
       ->check(number_in(0, 10, true))
       ->capture_default_str();
   app.add_option("--lr-end", s.lr_end, "rate all modes reach by a linear decay")
@@ -210,6 +218,19 @@ std::optional<int> parse_options(int argc, char** argv, settings& s) {
       ->capture_default_str();
   app.add_option("--local-steps", s.local_steps,
                  "H of the stellatrain-local mode: inner Adam steps per outer step")
+      ->check(integer_in(1, 10000))
+      ->capture_default_str();
+  app.add_option("--local-topk", s.local_topk,
+                 "stellatrain-local: pseudo-gradient elements sent of every chunk of 4096")
+      ->check(integer_in(1, 4096))
+      ->capture_default_str();
+  app.add_option("--local-bits", s.local_bits,
+                 "stellatrain-local: bits per value sent, 1 (sign and a scale per chunk) or 2 "
+                 "(sign and one of two magnitudes per chunk)")
+      ->check(integer_in(1, 2))
+      ->capture_default_str();
+  app.add_option("--diloco-steps", s.diloco_steps,
+                 "H of the diloco mode: inner Adam steps (at --lr) per outer step")
       ->check(integer_in(1, 10000))
       ->capture_default_str();
   app.add_option("--staleness", s.staleness,

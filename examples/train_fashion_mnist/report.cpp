@@ -68,6 +68,10 @@ json options_of(const settings& s) {
           {"decay_steps", s.decay_steps},
           {"staleness", s.staleness},
           {"local_steps", s.local_steps},
+          {"local_topk", s.local_topk},
+          {"local_bits", s.local_bits},
+          {"diloco_steps", s.diloco_steps},
+          {"stop_at_target", s.stop_at_target},
           {"split", s.split},
           {"split_interval", s.split_interval},
           {"slow_ranks", slow_ranks_of(s)},
@@ -144,6 +148,7 @@ json curve_of(const mode_result& r) {
                       {"accuracy", p.accuracy},
                       {"loss", p.loss},
                       {"bytes", p.bytes},
+                      {"wan_bytes_per_cluster", p.wan_bytes},
                       {"density", p.density},
                       {"step_seconds", p.step_seconds},
                       {"bandwidth_estimate_mbps", p.bandwidth_mbps},
@@ -168,6 +173,23 @@ json timeline_of(const mode_result& r) {
   return points;
 }
 
+// The bytes that had left each cluster when the mode first reached its target (the clusters'
+// mean), or none.
+std::optional<double> wan_bytes_to_target(const mode_result& r) {
+  if (!r.steps_to_target) return std::nullopt;
+  for (const auto& p : r.curve)
+    if (p.step == *r.steps_to_target) return static_cast<double>(p.wan_bytes);
+  return std::nullopt;
+}
+
+// Bits over each cluster's uplink per parameter and training step (inner step for the
+// local-step modes), over the whole run.
+double wan_bits_per_parameter_and_step(const mode_result& r) {
+  if (r.parameters == 0 || r.steps == 0) return 0;
+  return static_cast<double>(r.wan_bytes_per_cluster) * 8 /
+         (static_cast<double>(r.parameters) * static_cast<double>(r.steps));
+}
+
 void write_summary_json(const std::filesystem::path& path, const settings& s,
                         const std::vector<mode_result>& results,
                         const std::vector<std::optional<double>>& speedup,
@@ -182,6 +204,9 @@ void write_summary_json(const std::filesystem::path& path, const settings& s,
         {"steps", r.steps},
         {"bytes_sent_rank0", r.bytes},
         {"wan_bytes_per_cluster", r.wan_bytes_per_cluster},
+        {"wan_bytes_per_cluster_to_target", optional_number(wan_bytes_to_target(r))},
+        {"wan_bits_per_parameter_and_step", wan_bits_per_parameter_and_step(r)},
+        {"parameters", r.parameters},
         {"speedup_vs_dense", optional_number(speedup[i])},
         {"wall_s", r.seconds},
         {"split_changes", r.split_changes},
@@ -207,13 +232,13 @@ void write_summary_json(const std::filesystem::path& path, const settings& s,
 void write_curve_csv(const std::filesystem::path& path, const std::vector<mode_result>& results) {
   std::ofstream out(path);
   // batches and compute_seconds list the ranks in order, separated by ';'.
-  out << "mode,seconds,step,epoch,loss,accuracy,bytes,density,step_seconds,"
+  out << "mode,seconds,step,epoch,loss,accuracy,bytes,wan_bytes_per_cluster,density,step_seconds,"
          "bandwidth_estimate_mbps,link_mbps,batches,compute_seconds\n";
   for (const auto& r : results) {
     for (const auto& p : r.curve) {
       out << r.mode << ',' << p.seconds << ',' << p.step << ',' << p.epoch << ',' << p.loss << ','
-          << p.accuracy << ',' << p.bytes << ',' << p.density << ',' << p.step_seconds << ','
-          << p.bandwidth_mbps << ',' << p.link_mbps << ',';
+          << p.accuracy << ',' << p.bytes << ',' << p.wan_bytes << ',' << p.density << ','
+          << p.step_seconds << ',' << p.bandwidth_mbps << ',' << p.link_mbps << ',';
       for (std::size_t i = 0; i < p.split.size(); ++i) out << (i ? ";" : "") << p.split[i];
       out << ',';
       for (std::size_t i = 0; i < p.compute.size(); ++i) out << (i ? ";" : "") << p.compute[i];
@@ -323,18 +348,25 @@ void report(const settings& s, const std::vector<mode_result>& results,
     if (dense && dense->time_to_target && r.time_to_target && *r.time_to_target > 0)
       speedup.back() = *dense->time_to_target / *r.time_to_target;
   }
-  std::printf("\n%-17s %10s %15s %7s %16s %14s %9s\n", "mode", "final acc", "time to target",
-              "steps", "WAN MB/cluster", "per step (KB)", "speedup");
+  // WAN figures are per cluster (the mean over the clusters) and leave out the trainer's own
+  // bookkeeping at evaluations; bits are per parameter and (inner) step.
+  std::printf("\n%-17s %9s %14s %7s %12s %13s %14s %11s %8s\n", "mode", "final acc",
+              "time to target", "steps", "WAN MB", "WAN MB to tgt", "per step (KB)", "bits/param",
+              "speedup");
   for (std::size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
     char ttt[32] = "not reached";
     if (r.time_to_target) std::snprintf(ttt, sizeof ttt, "%.1f s", *r.time_to_target);
     char sp[32] = "";
     if (speedup[i]) std::snprintf(sp, sizeof sp, "%.1fx", *speedup[i]);
+    char to_target[32] = "-";
+    if (const auto b = wan_bytes_to_target(r))
+      std::snprintf(to_target, sizeof to_target, "%.2f", *b / 1e6);
     const double wan_mb = static_cast<double>(r.wan_bytes_per_cluster) / 1e6;
-    std::printf("%-17s %9.2f%% %15s %7llu %16.1f %14.1f %9s\n", r.mode.c_str(),
+    std::printf("%-17s %8.2f%% %14s %7llu %12.2f %13s %14.2f %11.4f %8s\n", r.mode.c_str(),
                 r.final_accuracy * 100, ttt, static_cast<unsigned long long>(r.steps), wan_mb,
-                r.steps ? wan_mb * 1e3 / static_cast<double>(r.steps) : 0.0, sp);
+                to_target, r.steps ? wan_mb * 1e3 / static_cast<double>(r.steps) : 0.0,
+                wan_bits_per_parameter_and_step(r), sp);
   }
   std::string link = "links not shaped by the library";
   if (s.shaped()) {

@@ -22,6 +22,7 @@ struct curve_point {
   double link_mbps;                  // the uplinks' rate now (0: not shaped by the library)
   std::vector<std::uint64_t> split;  // each rank's batch in the last step
   std::vector<double> compute;       // each rank's newest compute time (s; 0: not known yet)
+  std::uint64_t wan_bytes = 0;       // bytes that left each cluster so far, the clusters' mean
 };
 
 // One step as rank 0 saw it: every step has one, evaluated or not.
@@ -48,6 +49,7 @@ struct mode_result {
   /// the clusters, for the whole training.
   std::uint64_t wan_bytes_per_cluster = 0;
   std::uint64_t split_changes = 0;  // times the batch split changed
+  std::uint64_t parameters = 0;     // of the model
 };
 
 }  // namespace fashion_mnist

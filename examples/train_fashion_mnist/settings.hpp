@@ -42,6 +42,10 @@ struct settings {
   std::string data = default_directory;
   int staleness = 0;
   int local_steps = 8;          // H of the stellatrain-local mode
+  int local_topk = 64;          // stellatrain-local: elements sent of every 4096
+  int local_bits = 2;           // stellatrain-local: bits per value sent, 1 or 2
+  int diloco_steps = 32;        // H of the diloco mode
+  bool stop_at_target = false;  // a mode ends at its first evaluation at the target
   std::string split = "equal";  // equal | holistic: how the global batch goes to the ranks
   int split_interval = 10;      // steps between the ranks' exchanges of compute times
   std::vector<std::pair<int, double>> slow_ranks;  // (rank, factor): compute emulated slower
@@ -53,11 +57,12 @@ struct settings {
   [[nodiscard]] bool shaped() const { return bandwidth_mbps > 0 || rtt_ms > 0 || lan_mbps > 0; }
 };
 
-/// The modes, in the order they run: dense and stellatrain, each flat (every rank exchanges
-/// with every rank) and hierarchical (reduced inside each cluster, exchanged between them),
-/// and stellatrain with local steps (flat).
-inline const std::vector<std::string> mode_names{"dense", "dense-hier", "stellatrain",
-                                                 "stellatrain-hier", "stellatrain-local"};
+/// The modes, in the order they run: dense, each flat (every rank exchanges with every rank)
+/// and hierarchical (reduced inside each cluster, exchanged between them); DiLoCo, the
+/// published local-steps method; stellatrain flat and hierarchical; stellatrain with local
+/// steps (flat).
+inline const std::vector<std::string> mode_names{
+    "dense", "dense-hier", "diloco", "stellatrain", "stellatrain-hier", "stellatrain-local"};
 
 struct data {
   dataset train;

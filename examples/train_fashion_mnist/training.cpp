@@ -5,8 +5,9 @@
 // selection with error feedback, packing, sparse all-gather, the CPU optimizer and the
 // bandwidth-adaptive density controller), "stellatrain-hier" (the pipeline's hierarchical
 // exchange: each cluster's uplink carries its selection once) and "stellatrain-local" (local
-// steps: H inner Adam steps per rank, then the pseudo-gradients through the chunked 2-bit codec
-// and a plain outer SGD, SparseLoCo's recipe).
+// steps: H inner Adam steps per rank, then the pseudo-gradients through the chunked low-bit
+// codec and a plain outer SGD, SparseLoCo's recipe); "diloco" is the published local-steps method
+// they are measured against: fp32 pseudo-gradients, a dense all-reduce, outer Nesterov SGD.
 #include "training.hpp"
 
 #include "mlp.hpp"
@@ -226,7 +227,8 @@ struct progress {
 
   // An evaluation after the last step (stepped() came first); the configuration is that step's
   // and the split's.
-  void record(fm::mlp& net, std::span<const float> params, std::uint64_t step, double seconds,
+  // Returns whether the accuracy reached the target.
+  bool record(fm::mlp& net, std::span<const float> params, std::uint64_t step, double seconds,
               std::uint64_t bytes, const rank_batches& batches, bool final_eval) {
     const fm::step_point& now = out.timeline.back();
     std::vector<double> compute;
@@ -266,15 +268,18 @@ struct progress {
         final_eval ? " (full test set)" : "               ", seconds,
         static_cast<double>(bytes) / 1e6, now.density, step_seconds * 1e3, split.c_str());
     std::fflush(stdout);
+    return acc >= s.target;
   }
 
-  // The evaluation on the full test set after the last step, and the mode's totals.
-  void finish(fm::mlp& net, std::span<const float> params, double seconds, std::uint64_t bytes,
-              const rank_batches& batches) {
+  // The evaluation on the full test set after the last step (`ran` steps: all, or fewer where
+  // the mode stopped at its target), and the mode's totals.
+  void finish(fm::mlp& net, std::span<const float> params, std::uint64_t ran, double seconds,
+              std::uint64_t bytes, const rank_batches& batches) {
     out.seconds = seconds;
-    out.steps = steps;
+    out.steps = ran;
     out.bytes = bytes;
-    record(net, params, steps, seconds, bytes, batches, true);
+    out.parameters = params.size();
+    record(net, params, ran, seconds, bytes, batches, true);
     out.split_changes = batches.agreement().changes();
   }
 };
@@ -307,25 +312,64 @@ std::uint64_t wan_bytes(metered_link& t, const st::cluster_topology& topo) {
   return n;
 }
 
-// Collective: the mean over the clusters of the bytes that left each since `mine0` (this
-// rank's wan_bytes at the start).
-std::uint64_t wan_bytes_per_cluster(metered_link& t, const st::cluster_topology& topo,
-                                    std::uint64_t mine0) {
-  std::vector<std::uint64_t> per_cluster(static_cast<std::size_t>(topo.clusters()), 0);
-  per_cluster[static_cast<std::size_t>(topo.cluster_of(t.rank()))] = wan_bytes(t, topo) - mine0;
-  st::dense_allreduce(t, std::span<std::uint64_t>(per_cluster), {.tag = 7});
-  std::uint64_t sum = 0;
-  for (auto b : per_cluster) sum += b;
-  return sum / per_cluster.size();
-}
+// What a mode put on the links, without the trainer's own bookkeeping at its evaluations
+// (a sum over the ranks in place of a barrier): that is no part of any mode's exchange. Every
+// mode is quiescent there (its exchanges done), so what the links carry meanwhile is the
+// bookkeeping's alone, and it is left out of every later figure.
+class mode_traffic {
+ public:
+  // Collective (a barrier): every rank starts counting at the same point.
+  mode_traffic(metered_link& t, const st::cluster_topology& topo, const settings& s)
+      : t_(t), topo_(topo), stop_at_target_(s.stop_at_target) {
+    st::barrier(t);
+    sent0_ = sent_bytes(t);
+    wan0_ = wan_bytes(t, topo);
+  }
 
-// Collective, at a mode's end: the WAN bytes per cluster into `out` (rank 0's), then a barrier.
-void finish_links(metered_link& t, const st::cluster_topology& topo, std::uint64_t wan0,
-                  fm::mode_result* out) {
-  const std::uint64_t wan = wan_bytes_per_cluster(t, topo, wan0);
-  if (out) out->wan_bytes_per_cluster = wan;
-  st::barrier(t);
-}
+  // Bytes this rank sent in the mode so far.
+  [[nodiscard]] std::uint64_t sent() const { return sent_bytes(t_) - sent0_ - excluded_sent_; }
+
+  // Collective, at an evaluation: rank 0 evaluates (`evaluate` returns whether the target was
+  // reached; `prog` is rank 0's progress, else null), then every rank learns the bytes that
+  // left each cluster so far and whether the mode stops there (--stop-at-target). Returns
+  // that decision.
+  template <class Evaluate>
+  bool evaluation(Evaluate&& evaluate, progress* prog) {
+    const std::uint64_t sent_before = sent_bytes(t_);
+    const std::uint64_t wan_before = wan_bytes(t_, topo_);
+    const bool reached = evaluate();
+    // One sum: each cluster's WAN bytes (its ranks' shares), then rank 0's decision.
+    std::vector<std::uint64_t> sums(static_cast<std::size_t>(topo_.clusters()) + 1, 0);
+    sums[static_cast<std::size_t>(topo_.cluster_of(t_.rank()))] =
+        wan_before - wan0_ - excluded_wan_;
+    sums.back() = t_.rank() == 0 && reached && stop_at_target_ ? 1 : 0;
+    st::dense_allreduce(t_, std::span<std::uint64_t>(sums), {.tag = 7});
+    excluded_sent_ += sent_bytes(t_) - sent_before;
+    excluded_wan_ += wan_bytes(t_, topo_) - wan_before;
+    std::uint64_t wan = 0;
+    for (std::size_t c = 0; c + 1 < sums.size(); ++c) wan += sums[c];
+    wan_per_cluster_ = wan / static_cast<std::uint64_t>(topo_.clusters());
+    if (prog) prog->out.curve.back().wan_bytes = wan_per_cluster_;
+    return sums.back() != 0;
+  }
+
+  // Collective, after the mode's last evaluation: its WAN bytes per cluster into `out`
+  // (rank 0's), then a barrier before the next mode.
+  void finish(fm::mode_result* out) {
+    if (out) out->wan_bytes_per_cluster = wan_per_cluster_;
+    st::barrier(t_);
+  }
+
+ private:
+  metered_link& t_;
+  const st::cluster_topology& topo_;
+  bool stop_at_target_;
+  std::uint64_t sent0_ = 0;
+  std::uint64_t wan0_ = 0;
+  std::uint64_t excluded_sent_ = 0;
+  std::uint64_t excluded_wan_ = 0;
+  std::uint64_t wan_per_cluster_ = 0;
+};
 
 // The model, its parameters initialised from `seed`.
 fm::mlp make_model(const settings& s, std::vector<float>& params, std::uint64_t seed) {
@@ -403,11 +447,12 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
   st::collective_workspace<metered_link> ws;
   std::optional<progress> prog;
   if (r == 0) prog.emplace(progress{s, d, *out, steps, ranks});
-  st::barrier(t);
-  const std::uint64_t bytes0 = sent_bytes(t);
-  const std::uint64_t wan0 = wan_bytes(t, topo);
+  progress* const rank0 = prog ? &*prog : nullptr;
+  mode_traffic traffic(t, topo, s);
   training_clock clock;
+  std::uint64_t ran = 0;
   for (std::uint64_t step = 0; step < steps; ++step) {
+    ran = step + 1;
     links.at(clock.seconds());
     batches.next(d.train, x, y);
     const auto c0 = std::chrono::steady_clock::now();
@@ -426,18 +471,111 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
     const double now = clock.seconds();
     if (prog) prog->stepped({step + 1, now, 1.0, 0.0, links.mbps(), 0.0}, loss);
     if (evaluates(s, step, steps)) {
+      bool stop = false;
       clock.paused([&] {
-        if (prog) {
-          prog->record(net, adam.params(0), step + 1, now, sent_bytes(t) - bytes0, batches, false);
-        }
-        st::barrier(t);
+        stop = traffic.evaluation(
+            [&] {
+              return prog && prog->record(net, adam.params(0), step + 1, now, traffic.sent(),
+                                          batches, false);
+            },
+            rank0);
       });
+      if (stop) break;
     }
   }
-  if (prog) {
-    prog->finish(net, adam.params(0), clock.seconds(), sent_bytes(t) - bytes0, batches);
+  const double seconds = clock.seconds();
+  traffic.evaluation(
+      [&] {
+        if (prog) prog->finish(net, adam.params(0), ran, seconds, traffic.sent(), batches);
+        return false;
+      },
+      rank0);
+  traffic.finish(out);
+}
+
+// ---------------------------------------------------------------------------------- diloco
+// DiLoCo as published (Douillard et al., arXiv 2311.08105), written here from the paper, not
+// the authors' code: every rank trains its replica with its own Adam for H steps (--diloco-steps)
+// at the dense modes' rate (the paper's inner optimizer is its data-parallel baseline's);
+// then the pseudo-gradients (outer - replica) are averaged in fp32 by a dense all-reduce
+// (hierarchical, as dense-hier, where the clusters are of one size), an outer SGD with Nesterov
+// momentum (the paper's lr 0.7, momentum 0.9) steps the outer parameters, and every replica
+// becomes them. Evaluations read the outer parameters.
+void run_diloco(metered_link& t, const st::cluster_topology& topo, const settings& s, const data& d,
+                link_schedule& links, fm::mode_result* out) {
+  const int r = t.rank();
+  const int ranks = t.size();
+  bool equal_clusters = topo.clusters() > 1;
+  for (int c = 0; c < topo.clusters(); ++c)
+    equal_clusters = equal_clusters && topo.size_of(c) == topo.size_of(0);
+  std::optional<dense_hierarchy> hier;
+  if (equal_clusters) hier.emplace(t, topo);
+  std::vector<float> params;
+  // The same seed on every rank: an identical start, as DDP's broadcast gives.
+  fm::mlp net = make_model(s, params, s.seed);
+  st::sgd_optimizer outer_opt({.lr = 0.7f, .momentum = 0.9f, .nesterov = true});
+  outer_opt.add_tensor(params);
+  st::adam_optimizer inner({.lr = s.lr});
+  inner.add_tensor(params);
+  const std::span<float> replica = inner.params(0);
+  const std::span<const float> outer = outer_opt.params(0);
+  std::vector<float> grad(params.size());
+  std::vector<float> pseudo(params.size());
+  rank_batches batches(t, s, d);
+  std::vector<float> x;
+  std::vector<std::uint8_t> y;
+  const std::uint64_t steps = steps_of(s, ranks, d);
+  const auto inner_steps = static_cast<std::uint64_t>(s.diloco_steps);
+  st::collective_workspace<metered_link> ws;
+  std::optional<progress> prog;
+  if (r == 0) prog.emplace(progress{s, d, *out, steps, ranks});
+  progress* const rank0 = prog ? &*prog : nullptr;
+  mode_traffic traffic(t, topo, s);
+  training_clock clock;
+  std::uint64_t ran = 0;
+  for (std::uint64_t step = 0; step < steps; ++step) {
+    ran = step + 1;
+    links.at(clock.seconds());
+    batches.next(d.train, x, y);
+    const auto c0 = std::chrono::steady_clock::now();
+    const float loss = net.forward_backward(replica, x.data(), y.data(), batches.size(), grad);
+    batches.computed(std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count());
+    inner.set_lr(learning_rate(s, s.lr, step));
+    inner.step(0, std::span<const float>(grad));
+    if ((step + 1) % inner_steps == 0) {
+      for (std::size_t i = 0; i < pseudo.size(); ++i) pseudo[i] = outer[i] - replica[i];
+      if (hier) {
+        hier->allreduce(std::span<float>(pseudo), ranks);
+      } else {
+        st::dense_allreduce(t, std::span<float>(pseudo),
+                            {.tag = 1, .timeout = std::chrono::minutes(10), .average = true}, ws);
+      }
+      outer_opt.step(0, std::span<const float>(pseudo));
+      std::copy(outer.begin(), outer.end(), replica.begin());
+    }
+    const double now = clock.seconds();
+    if (prog) prog->stepped({step + 1, now, 1.0, 0.0, links.mbps(), 0.0}, loss);
+    if (evaluates(s, step, steps)) {
+      bool stop = false;
+      clock.paused([&] {
+        stop = traffic.evaluation(
+            [&] {
+              return prog &&
+                     prog->record(net, outer, step + 1, now, traffic.sent(), batches, false);
+            },
+            rank0);
+      });
+      if (stop) break;
+    }
   }
-  finish_links(t, topo, wan0, out);
+  const double seconds = clock.seconds();
+  traffic.evaluation(
+      [&] {
+        if (prog) prog->finish(net, outer, ran, seconds, traffic.sent(), batches);
+        return false;
+      },
+      rank0);
+  traffic.finish(out);
 }
 
 // ---------------------------------------------------------------------------------- stellatrain
@@ -502,6 +640,7 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
   const std::uint64_t steps = steps_of(s, ranks, d);
   std::optional<progress> prog;
   if (r == 0) prog.emplace(progress{s, d, *out, steps, ranks});
+  progress* const rank0 = prog ? &*prog : nullptr;
   const auto& tensors = net.tensors();
   auto copy_params = [&](std::size_t i) {
     p.copy_params(i, std::span<float>(params).subspan(tensors[i].offset, tensors[i].size));
@@ -519,11 +658,11 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
     p.flush();
     for (std::size_t i = 0; i < tensors.size(); ++i) copy_params(i);
   };
-  st::barrier(t);
-  const std::uint64_t bytes0 = sent_bytes(t);
-  const std::uint64_t wan0 = wan_bytes(t, topo);
+  mode_traffic traffic(t, topo, s);
   training_clock clock;
+  std::uint64_t ran = 0;
   for (std::uint64_t step = 0; step < steps; ++step) {
+    ran = step + 1;
     fetch();
     // With staleness 1 the previous step may still be applied, at its own rate.
     p.set_lr(learning_rate(s, s.sparse_lr, step));
@@ -549,46 +688,62 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
     }
     if (evaluated) {
       const auto e0 = std::chrono::steady_clock::now();
+      bool stop = false;
       clock.paused([&] {
-        if (prog) {
-          prog->record(net, params, step + 1, now, sent_bytes(t) - bytes0, batches, false);
-        }
-        st::barrier(t);
+        stop = traffic.evaluation(
+            [&] {
+              return prog &&
+                     prog->record(net, params, step + 1, now, traffic.sent(), batches, false);
+            },
+            rank0);
       });
       p.exclude_from_compute(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count());
+      if (stop) break;
     }
   }
   fetch_all();
-  if (prog) {
-    prog->finish(net, params, clock.seconds(), sent_bytes(t) - bytes0, batches);
-  }
-  finish_links(t, topo, wan0, out);
+  const double seconds = clock.seconds();
+  traffic.evaluation(
+      [&] {
+        if (prog) prog->finish(net, params, ran, seconds, traffic.sent(), batches);
+        return false;
+      },
+      rank0);
+  traffic.finish(out);
 }
 
 // Local steps: every rank trains its replica with its own Adam for H steps; then the
-// pseudo-gradients (outer - replica) go through the chunked codec (64 of every 4096, 2-bit
-// values, error feedback with decay 0.95), the flat sparse all-gather and a plain outer SGD of
-// rate 1, and every replica becomes the outer parameters. Evaluations read the outer
-// parameters, the model every rank agrees on.
+// pseudo-gradients (outer - replica) go through the chunked codec (--local-topk of every 4096,
+// --local-bits values, error feedback with decay 0.95) and a plain outer SGD of rate 1, and
+// every replica becomes the outer parameters. With several clusters the exchange is the
+// hierarchical one (reduced inside each cluster, each cluster's selection over its uplink
+// once), else the flat sparse all-gather. Evaluations read the outer parameters, the model
+// every rank agrees on.
 void run_local(metered_link& t, const st::cluster_topology& topo, const settings& s, const data& d,
                link_schedule& links, fm::mode_result* out) {
   const int r = t.rank();
   const int ranks = t.size();
   group_link wan = everyone(t);
+  group_link lan = cluster_of(t, topo);
   std::vector<float> params;
   fm::mlp net = make_model(s, params, s.seed + static_cast<std::uint64_t>(r));
   st::thread_pool pool{1};
-  const st::allgather_algorithm allgather = allgather_of(s);
-  constexpr double density = 64.0 / 4096;
-  st::pipeline p(wan, pool,
-                 st::chunked_compressor<>(
-                     {.chunk_bits = 12, .bits = st::chunk_value_bits::two, .decay = 0.95f}),
-                 st::sgd_optimizer({.lr = 1.0f}),
+  const double density = s.local_topk / 4096.0;
+  using compressor = st::chunked_compressor<>;
+  using exchange = st::runtime_exchange<group_link, compressor>;
+  const st::chunked_compressor_options codec{
+      .chunk_bits = 12,
+      .bits = s.local_bits == 1 ? st::chunk_value_bits::one : st::chunk_value_bits::two,
+      .decay = 0.95f};
+  st::pipeline p(topo.clusters() > 1 ? exchange(st::hierarchical_links<group_link>{lan, wan, topo},
+                                                compressor(codec))
+                                     : exchange(wan, compressor(codec)),
+                 pool, st::sgd_optimizer({.lr = 1.0f}),
                  st::pipeline_options{.bucket_bytes = std::uint64_t{4} << 20,
                                       .staleness = 0,
                                       .exchange_threads = 4,
-                                      .algorithm = allgather,
+                                      .algorithm = allgather_of(s),
                                       .timeout = std::chrono::minutes(10)},
                  st::fixed_density{density});
   const auto& tensors = net.tensors();
@@ -613,15 +768,16 @@ void run_local(metered_link& t, const st::cluster_topology& topo, const settings
   const std::uint64_t steps = steps_of(s, ranks, d);
   std::optional<progress> prog;
   if (r == 0) prog.emplace(progress{s, d, *out, steps, ranks});
+  progress* const rank0 = prog ? &*prog : nullptr;
   auto read_outer = [&] {
     for (std::size_t i = 0; i < tensors.size(); ++i)
       p.copy_params(i, std::span<float>(outer).subspan(tensors[i].offset, tensors[i].size));
   };
-  st::barrier(t);
-  const std::uint64_t bytes0 = sent_bytes(t);
-  const std::uint64_t wan0 = wan_bytes(t, topo);
+  mode_traffic traffic(t, topo, s);
   training_clock clock;
+  std::uint64_t ran = 0;
   for (std::uint64_t step = 0; step < steps; ++step) {
+    ran = step + 1;
     inner.set_lr(learning_rate(s, s.sparse_lr, step));
     links.at(clock.seconds());
     for (std::size_t i = 0; i < tensors.size(); ++i)
@@ -638,22 +794,32 @@ void run_local(metered_link& t, const st::cluster_topology& topo, const settings
     if (prog) prog->stepped({step + 1, now, density, 0, links.mbps(), 0}, loss);
     if (evaluates(s, step, steps)) {
       const auto e0 = std::chrono::steady_clock::now();
+      bool stop = false;
       clock.paused([&] {
-        if (prog) {
-          read_outer();
-          prog->record(net, outer, step + 1, now, sent_bytes(t) - bytes0, batches, false);
-        }
-        st::barrier(t);
+        stop = traffic.evaluation(
+            [&] {
+              if (!prog) return false;
+              read_outer();
+              return prog->record(net, outer, step + 1, now, traffic.sent(), batches, false);
+            },
+            rank0);
       });
       p.exclude_from_compute(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count());
+      if (stop) break;
     }
   }
-  if (prog) {
-    read_outer();
-    prog->finish(net, outer, clock.seconds(), sent_bytes(t) - bytes0, batches);
-  }
-  finish_links(t, topo, wan0, out);
+  const double seconds = clock.seconds();
+  traffic.evaluation(
+      [&] {
+        if (prog) {
+          read_outer();
+          prog->finish(net, outer, ran, seconds, traffic.sent(), batches);
+        }
+        return false;
+      },
+      rank0);
+  traffic.finish(out);
 }
 
 void run_modes(metered_link& t, const st::cluster_topology& topo, const settings& s, const data& d,
@@ -662,10 +828,12 @@ void run_modes(metered_link& t, const st::cluster_topology& topo, const settings
   static const char* what[] = {
       "averaged gradients through a dense ring all-reduce over every rank",
       "reduce-scatter inside each cluster, all-reduce between clusters, all-gather inside",
+      "DiLoCo, written from the paper: H inner Adam steps, fp32 pseudo-gradients all-reduced, "
+      "outer Nesterov SGD",
       "top-k + error feedback, sparse all-gather over every rank, CPU Adam, adaptive density",
       "reduce inside each cluster, top-k of each rank's shard, sparse exchange between clusters",
-      "local steps: H inner Adam steps, pseudo-gradients as 64 of every 4096 in 2 bits, outer "
-      "SGD"};
+      "local steps: H inner Adam steps, pseudo-gradients as k of every 4096 in 1 or 2 bits, "
+      "hierarchical between clusters, outer SGD"};
   for (const auto& mode : s.modes) {
     std::size_t m = 0;
     while (fm::mode_names[m] != mode) ++m;
@@ -677,6 +845,8 @@ void run_modes(metered_link& t, const st::cluster_topology& topo, const settings
     link_schedule links(s, uplinks);
     if (mode.starts_with("dense")) {
       run_dense(t, topo, hierarchical, s, d, links, out);
+    } else if (mode == "diloco") {
+      run_diloco(t, topo, s, d, links, out);
     } else if (mode == "stellatrain-local") {
       run_local(t, topo, s, d, links, out);
     } else {
