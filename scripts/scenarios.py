@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""The holistic configuration's two scenarios, each a set of runs of the end-to-end trainer
-(4 in-process ranks, one per cluster, their uplinks shaped by the library), summed up in one
-table per scenario.
+"""Scenarios, each a set of runs of the end-to-end trainer (4 in-process ranks, their uplinks
+shaped by the library), summed up in one table per scenario: the holistic configuration's two
+(heterogeneous, fluctuating: one rank per cluster), and every mode side by side in 2 clusters
+of 2 (modes, home).
 
 heterogeneous: rank 3 computes 2x slower than the others. Every rank emulates a device of a
   given speed (--device-rate): it computes its forward and backward for real, then waits until
@@ -11,13 +12,19 @@ heterogeneous: rank 3 computes 2x slower than the others. Every rank emulates a 
   the holistic split (by the ranks' measured compute, agreed after 3 steps, then every 5).
 fluctuating: the uplinks change 500 -> 50 -> 200 Mbit/s during training; the adaptive density
   against fixed densities of 0.1%, 0.3%, 1% and 3%.
+modes: every mode of the trainer (dense, dense-hier, diloco, stellatrain, stellatrain-hier,
+  stellatrain-local) in one run, 2 clusters of 2, uplinks of 100 Mbit/s and 20 ms RTT (the
+  demo's network): time to target, final accuracy, the bytes over each uplink to the target
+  and bits per parameter and step.
+home: the same at 10 Mbit/s (a home connection), each mode ending at its target
+  (--stop-at-target: dense needs about 9 s per step there); the final accuracy is then the
+  one at the target, on the whole test set.
 
 Writes <out>/<scenario>/<run>/{summary.json,curve.csv,curve.png} and <out>/<scenario>.json;
 prints the table.
 
-  scripts/scenarios.py heterogeneous|fluctuating --trainer PATH [--out DIR] [--seeds 1,2,3]
-                       [-- trainer options]
-  scripts/scenarios.py heterogeneous|fluctuating --list-variants   (what bench/wan/run.sh runs)
+  scripts/scenarios.py SCENARIO --trainer PATH [--out DIR] [--seeds 1,2,3] [-- trainer options]
+  scripts/scenarios.py SCENARIO --list-variants   (what bench/wan/run.sh runs)
 
 Trainer options after -- go to every run, in place of the scenario's own where they name the
 same option (-- --epochs 0.3 for a quick look).
@@ -53,6 +60,8 @@ VARIANTS = {
     "fluctuating": [("adaptive", FLUCTUATING + ["--min-density", "0.001", "--max-density", "0.03"])]
     + [(f"fixed-{d}", FLUCTUATING + ["--min-density", str(d), "--max-density", str(d)])
        for d in FIXED_DENSITIES],
+    "modes": [("all", ["--mode", "all"])],
+    "home": [("all", ["--mode", "all", "--stop-at-target"])],
 }
 # The network in process: 4 ranks, one per cluster; the fluctuating scenario's uplinks at 500
 # Mbit/s, 50 from 5 s of training on, 200 from 10 s on (the model reaches its target in about
@@ -62,21 +71,27 @@ PHASES = "5:50,10:200"
 NETWORK = {
     "heterogeneous": ["--clusters", "1,1,1,1"],
     "fluctuating": ["--clusters", "1,1,1,1", "--bandwidth", "500", "--bandwidth-schedule", PHASES],
+    "modes": ["--clusters", "2,2", "--bandwidth", "100", "--rtt", "20"],
+    "home": ["--clusters", "2,2", "--bandwidth", "10", "--rtt", "20"],
 }
 
 
 def merged(args, extra):
-    """The scenario's options (each a name and one value) without those that `extra` gives
-    again, then `extra`."""
+    """The scenario's options (each a name and one value, or a flag) without those that
+    `extra` gives again, then `extra`."""
     given = {a.split("=")[0] for a in extra if a.startswith("--")}
     kept = []
-    for i in range(0, len(args), 2):
+    i = 0
+    while i < len(args):
+        n = 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
         if args[i] not in given:
-            kept += args[i:i + 2]
+            kept += args[i:i + n]
+        i += n
     return kept + extra
 
 
-def train(trainer, out, name, args, extra):
+def train_all(trainer, out, name, args, extra):
+    """One run of the trainer: its summary.json."""
     run_dir = out / name
     command = [trainer, *merged(args, extra), "--out", str(run_dir)]
     print(f"== {name}: {' '.join(command[1:])}", flush=True)
@@ -84,8 +99,11 @@ def train(trainer, out, name, args, extra):
     if done.returncode != 0:
         sys.stdout.write(done.stdout)
         sys.exit(f"scenarios: {name} failed with exit status {done.returncode}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return summary["modes"]["stellatrain"]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def train(trainer, out, name, args, extra):
+    return train_all(trainer, out, name, args, extra)["modes"]["stellatrain"]
 
 
 def median_slowest(values):
@@ -214,6 +232,68 @@ def fluctuating(trainer, out, extra):
     return result
 
 
+def modes(scenario):
+    """The modes scenario or the home one: every mode in one run of the trainer."""
+    def run(trainer, out, extra):
+        name, args = VARIANTS[scenario][0]
+        summary = train_all(trainer, out, name, NETWORK[scenario] + args, extra)
+        o = summary["options"]
+        network = (f"clusters {o['clusters']}, uplinks {o['bandwidth_mbps']:g} Mbit/s, "
+                   f"{o['rtt_ms']:g} ms RTT")
+        rows = []
+        for mode, m in summary["modes"].items():
+            to_target = m.get("wan_bytes_per_cluster_to_target")
+            rows.append({"mode": mode, "time_to_target_s": m["time_to_target_s"],
+                         "steps_to_target": m["steps_to_target"],
+                         "final_accuracy": m["final_accuracy"], "steps": m["steps"],
+                         "wan_mb_to_target": None if to_target is None else to_target / 1e6,
+                         "bits_per_parameter_and_step": m["wan_bits_per_parameter_and_step"]})
+        print_modes(rows, scenario, network, "")
+        return {"network": network, "rows": rows}
+    return run
+
+
+def fmt_number(v, pattern):
+    return "-" if v is None else pattern.format(v)
+
+
+def print_modes(rows, scenario, network, title):
+    print(f"\n{scenario}{title}: {network}; WAN figures per cluster; bits per parameter and "
+          "(inner) step over the uplinks\n")
+    print("| mode | time to target | steps to target | final acc | WAN MB to target | "
+          "bits/param/step | vs dense |")
+    print("|---|---|---|---|---|---|---|")
+    dense = next((r["time_to_target_s"] for r in rows if r["mode"] == "dense"), None)
+    for r in rows:
+        t = r["time_to_target_s"]
+        ratio = f"{dense / t:.1f}x" if dense and t else "-"
+        print(f"| {r['mode']} | {fmt_time(t)} | {fmt_number(r['steps_to_target'], '{:g}')} | "
+              f"{r['final_accuracy'] * 100:.2f}% | {fmt_number(r['wan_mb_to_target'], '{:.2f}')} | "
+              f"{r['bits_per_parameter_and_step']:.4f} | {ratio} |")
+
+
+def over_seeds_modes(scenario):
+    def combine(results):
+        rows = []
+        for i, first in enumerate(results[0]["rows"]):
+            runs = [r["rows"][i] for r in results]
+            rows.append({"mode": first["mode"],
+                         "times_s": [r["time_to_target_s"] for r in runs],
+                         "time_to_target_s": median_or_none([r["time_to_target_s"] for r in runs]),
+                         "steps_to_target": median_or_none([r["steps_to_target"] for r in runs]),
+                         "final_accuracy": statistics.median(r["final_accuracy"] for r in runs),
+                         "wan_mb_to_target": median_or_none([r["wan_mb_to_target"] for r in runs]),
+                         "bits_per_parameter_and_step": statistics.median(
+                             r["bits_per_parameter_and_step"] for r in runs)})
+        print_modes(rows, scenario, results[0]["network"], ", medians over the seeds (a missed "
+                    "target counts as the slowest)")
+        print("\ntime to target per seed: " + "; ".join(
+            f"{r['mode']} " + ", ".join(fmt_number(t, "{:.2f}") for t in r["times_s"])
+            for r in rows))
+        return {"rows": rows}
+    return combine
+
+
 def median_or_none(values):
     """median_slowest, None where that is a missing value."""
     m = median_slowest(values)
@@ -291,7 +371,7 @@ def over_seeds_fluctuating(results):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("scenario", choices=["heterogeneous", "fluctuating"])
+    parser.add_argument("scenario", choices=["heterogeneous", "fluctuating", "modes", "home"])
     parser.add_argument("--trainer", help="the train_fashion_mnist executable")
     parser.add_argument("--out", default="out/scenarios", help="folder of the runs' outputs")
     parser.add_argument("--seeds", default="",
@@ -318,7 +398,8 @@ def main():
         parser.error("--seeds and a trainer --seed after -- exclude each other")
     out = Path(args.out) / args.scenario
     out.mkdir(parents=True, exist_ok=True)
-    run = heterogeneous if args.scenario == "heterogeneous" else fluctuating
+    run = {"heterogeneous": heterogeneous, "fluctuating": fluctuating,
+           "modes": modes("modes"), "home": modes("home")}[args.scenario]
     if len(seeds) <= 1:
         result = run(args.trainer, out, extra + (["--seed", str(seeds[0])] if seeds else []))
     else:
@@ -327,8 +408,10 @@ def main():
             print(f"\n==== seed {seed}", flush=True)
             per_seed.append(run(args.trainer, out / f"seed-{seed}",
                                 extra + ["--seed", str(seed)]))
-        combine = (over_seeds_heterogeneous if args.scenario == "heterogeneous"
-                   else over_seeds_fluctuating)
+        combine = {"heterogeneous": over_seeds_heterogeneous,
+                   "fluctuating": over_seeds_fluctuating,
+                   "modes": over_seeds_modes("modes"),
+                   "home": over_seeds_modes("home")}[args.scenario]
         result = {"seeds": seeds, "per_seed": per_seed, "over_seeds": combine(per_seed)}
     (Path(args.out) / f"{args.scenario}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {Path(args.out) / (args.scenario + '.json')}")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The end-to-end trainer over a real network stack: under wan-emu, 4 ranks (one process
-# each, in its own network namespace) in 2 clusters of 2 train in the four modes (dense and
-# stellatrain, each flat and hierarchical), over MPI and over ZeroMQ, first with each
+# each, in its own network namespace) in 2 clusters of 2 train in every mode (dense and
+# stellatrain, each flat and hierarchical, diloco and stellatrain-local), over MPI and over
+# ZeroMQ, first with each
 # cluster's uplink at 100 Mbit/s and 20 ms RTT between the clusters, then at 1 Gbit/s and
 # 10 ms. The links are shaped by the kernel (HTB) and wan-emu's delay line, not by the
 # library; the LAN inside a cluster is unshaped. Each run prints rank 0's table; summaries land
@@ -17,6 +18,8 @@
 # WAN_CLUSTERS ("2,2": wan-emu's -c), WAN_CC (reno; "host" keeps the host's default
 # congestion control), WAN_SCHEDULE (wan-emu's --schedule: every uplink's rate over the run's
 # wall time, e.g. 20:50mbit,40:200mbit; the holistic configuration's fluctuating link).
+# WAN_SCENARIO=modes|home runs every mode in 2 clusters of 2 at 100 or 10 Mbit/s per uplink
+# (20 ms RTT; home: each mode ends at its target), into out/wan/<scenario>/<backend>-<rate>/all/.
 # WAN_SCENARIO=heterogeneous|fluctuating runs the variants of that scenario of
 # scripts/scenarios.py over the kernel's shaping (its options; the trainer options given here
 # must be others): heterogeneous the equal and the holistic split (defaults WAN_CLUSTERS
@@ -39,16 +42,21 @@ variants=("default|")
 case "$scenario" in
   "") ;;
   heterogeneous) : "${WAN_CLUSTERS:=1,1,1,1}" "${WAN_LINKS:=100mbit:10}" "${WAN_BACKENDS:=zmq}" ;;
+  modes) : "${WAN_LINKS:=100mbit:10}" ;;
+  home) : "${WAN_LINKS:=10mbit:10}" ;;
   fluctuating)
     : "${WAN_CLUSTERS:=1,1,1,1}" "${WAN_LINKS:=500mbit:10}" "${WAN_BACKENDS:=zmq}"
     : "${WAN_SCHEDULE:=6:50mbit,11:200mbit}" ;;
-  *) echo "WAN training benchmark: WAN_SCENARIO is heterogeneous or fluctuating, not '$scenario'" >&2
+  *) echo "WAN training benchmark: WAN_SCENARIO is modes, home, heterogeneous or fluctuating, not '$scenario'" >&2
      exit 2 ;;
 esac
 if [ -n "$scenario" ]; then
   mapfile -t variants < <(python3 "$root/scripts/scenarios.py" "$scenario" --list-variants)
   [ ${#variants[@]} -gt 0 ] || { echo "WAN training benchmark: no variants of $scenario" >&2; exit 2; }
 fi
+# The holistic scenarios' messages are small: one round of latency per exchange.
+direct=()
+case "$scenario" in heterogeneous|fluctuating) direct=(--allgather direct) ;; esac
 backends=${WAN_BACKENDS:-mpi zmq}
 links=${WAN_LINKS:-100mbit:10 1gbit:5}
 clusters=${WAN_CLUSTERS:-2,2}
@@ -78,7 +86,7 @@ for link in $links; do
       echo "== $backend, clusters $clusters, $rate per uplink, $((2 * delay)) ms RTT between clusters${scenario:+, $scenario: $name}"
       # No shaping by the library: the emulated network is the link.
       args=(--transport "$backend" --clusters "$clusters" --bandwidth 0 --rtt 0 --out "$out"
-            ${scenario:+--allgather direct} "${options[@]+"${options[@]}"}"
+            "${direct[@]+"${direct[@]}"}" "${options[@]+"${options[@]}"}"
             "${extra[@]+"${extra[@]}"}")
       if [ "$backend" = mpi ]; then
         OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
