@@ -155,7 +155,7 @@ PYBIND11_MODULE(_native, m) {
           PyErr_SetString(PyExc_FloatingPointError, e.what());
           break;
         default:
-          base(e.what());
+          PyErr_SetString(base.ptr(), e.what());  // base(...) is deprecated in pybind11 3
       }
     }
   });
