@@ -371,6 +371,64 @@ class mode_traffic {
   std::uint64_t wan_per_cluster_ = 0;
 };
 
+// One mode's run on this rank: rank 0's progress, the mode's traffic and the training clock.
+// `Params` of evaluate and finish: a callable returning the parameters every rank agrees on.
+class mode_run {
+ public:
+  // Collective (a barrier): every rank starts counting at the same point.
+  mode_run(metered_link& t, const st::cluster_topology& topo, const settings& s, const data& d,
+           fm::mode_result* out, std::uint64_t steps)
+      : traffic_(t, topo, s) {
+    if (t.rank() == 0) prog_.emplace(progress{s, d, *out, steps, t.size()});
+  }
+
+  [[nodiscard]] training_clock& clock() noexcept { return clock_; }
+
+  // After every step: its end and configuration (rank 0 keeps them).
+  void stepped(const fm::step_point& point, float loss) {
+    ran_ = point.step;
+    now_ = point.seconds;
+    if (prog_) prog_->stepped(point, loss);
+  }
+
+  // Collective, at an evaluation after the last step, on a paused clock: rank 0 evaluates;
+  // every rank learns whether the mode stops there (--stop-at-target).
+  template <class Params>
+  bool evaluate(fm::mlp& net, Params&& params, const rank_batches& batches) {
+    bool stop = false;
+    clock_.paused([&] {
+      stop = traffic_.evaluation(
+          [&] {
+            return prog_ &&
+                   prog_->record(net, params(), ran_, now_, traffic_.sent(), batches, false);
+          },
+          prog_ ? &*prog_ : nullptr);
+    });
+    return stop;
+  }
+
+  // Collective, after the last step: the evaluation on the full test set and the mode's
+  // totals (rank 0's), then a barrier before the next mode.
+  template <class Params>
+  void finish(fm::mlp& net, Params&& params, const rank_batches& batches, fm::mode_result* out) {
+    const double seconds = clock_.seconds();
+    traffic_.evaluation(
+        [&] {
+          if (prog_) prog_->finish(net, params(), ran_, seconds, traffic_.sent(), batches);
+          return false;
+        },
+        prog_ ? &*prog_ : nullptr);
+    traffic_.finish(out);
+  }
+
+ private:
+  std::optional<progress> prog_;
+  mode_traffic traffic_;
+  training_clock clock_;
+  std::uint64_t ran_ = 0;  // steps so far
+  double now_ = 0;         // the last step's end
+};
+
 // The model, its parameters initialised from `seed`.
 fm::mlp make_model(const settings& s, std::vector<float>& params, std::uint64_t seed) {
   fm::mlp net({static_cast<int>(fm::dataset::pixels), s.hidden, s.hidden, fm::dataset::classes},
@@ -430,7 +488,6 @@ class dense_hierarchy {
 
 void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchical,
                const settings& s, const data& d, link_schedule& links, fm::mode_result* out) {
-  const int r = t.rank();
   const int ranks = t.size();
   std::optional<dense_hierarchy> hier;
   if (hierarchical) hier.emplace(t, topo);
@@ -445,14 +502,10 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
   std::vector<std::uint8_t> y;
   const std::uint64_t steps = steps_of(s, ranks, d);
   st::collective_workspace<metered_link> ws;
-  std::optional<progress> prog;
-  if (r == 0) prog.emplace(progress{s, d, *out, steps, ranks});
-  progress* const rank0 = prog ? &*prog : nullptr;
-  mode_traffic traffic(t, topo, s);
-  training_clock clock;
-  std::uint64_t ran = 0;
+  const auto model = [&] { return std::span<const float>(adam.params(0)); };
+  mode_run run(t, topo, s, d, out, steps);
+  training_clock& clock = run.clock();
   for (std::uint64_t step = 0; step < steps; ++step) {
-    ran = step + 1;
     links.at(clock.seconds());
     batches.next(d.train, x, y);
     const auto c0 = std::chrono::steady_clock::now();
@@ -468,29 +521,10 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
     }
     adam.set_lr(learning_rate(s, s.lr, step));
     adam.step(0, std::span<const float>(grad));
-    const double now = clock.seconds();
-    if (prog) prog->stepped({step + 1, now, 1.0, 0.0, links.mbps(), 0.0}, loss);
-    if (evaluates(s, step, steps)) {
-      bool stop = false;
-      clock.paused([&] {
-        stop = traffic.evaluation(
-            [&] {
-              return prog && prog->record(net, adam.params(0), step + 1, now, traffic.sent(),
-                                          batches, false);
-            },
-            rank0);
-      });
-      if (stop) break;
-    }
+    run.stepped({step + 1, clock.seconds(), 1.0, 0.0, links.mbps(), 0.0}, loss);
+    if (evaluates(s, step, steps) && run.evaluate(net, model, batches)) break;
   }
-  const double seconds = clock.seconds();
-  traffic.evaluation(
-      [&] {
-        if (prog) prog->finish(net, adam.params(0), ran, seconds, traffic.sent(), batches);
-        return false;
-      },
-      rank0);
-  traffic.finish(out);
+  run.finish(net, model, batches, out);
 }
 
 // ---------------------------------------------------------------------------------- diloco
@@ -503,7 +537,6 @@ void run_dense(metered_link& t, const st::cluster_topology& topo, bool hierarchi
 // becomes them. Evaluations read the outer parameters.
 void run_diloco(metered_link& t, const st::cluster_topology& topo, const settings& s, const data& d,
                 link_schedule& links, fm::mode_result* out) {
-  const int r = t.rank();
   const int ranks = t.size();
   bool equal_clusters = topo.clusters() > 1;
   for (int c = 0; c < topo.clusters(); ++c)
@@ -519,6 +552,7 @@ void run_diloco(metered_link& t, const st::cluster_topology& topo, const setting
   inner.add_tensor(params);
   const std::span<float> replica = inner.params(0);
   const std::span<const float> outer = outer_opt.params(0);
+  const auto read_outer = [&] { return outer; };
   std::vector<float> grad(params.size());
   std::vector<float> pseudo(params.size());
   rank_batches batches(t, s, d);
@@ -527,14 +561,9 @@ void run_diloco(metered_link& t, const st::cluster_topology& topo, const setting
   const std::uint64_t steps = steps_of(s, ranks, d);
   const auto inner_steps = static_cast<std::uint64_t>(s.diloco_steps);
   st::collective_workspace<metered_link> ws;
-  std::optional<progress> prog;
-  if (r == 0) prog.emplace(progress{s, d, *out, steps, ranks});
-  progress* const rank0 = prog ? &*prog : nullptr;
-  mode_traffic traffic(t, topo, s);
-  training_clock clock;
-  std::uint64_t ran = 0;
+  mode_run run(t, topo, s, d, out, steps);
+  training_clock& clock = run.clock();
   for (std::uint64_t step = 0; step < steps; ++step) {
-    ran = step + 1;
     links.at(clock.seconds());
     batches.next(d.train, x, y);
     const auto c0 = std::chrono::steady_clock::now();
@@ -553,29 +582,10 @@ void run_diloco(metered_link& t, const st::cluster_topology& topo, const setting
       outer_opt.step(0, std::span<const float>(pseudo));
       std::copy(outer.begin(), outer.end(), replica.begin());
     }
-    const double now = clock.seconds();
-    if (prog) prog->stepped({step + 1, now, 1.0, 0.0, links.mbps(), 0.0}, loss);
-    if (evaluates(s, step, steps)) {
-      bool stop = false;
-      clock.paused([&] {
-        stop = traffic.evaluation(
-            [&] {
-              return prog &&
-                     prog->record(net, outer, step + 1, now, traffic.sent(), batches, false);
-            },
-            rank0);
-      });
-      if (stop) break;
-    }
+    run.stepped({step + 1, clock.seconds(), 1.0, 0.0, links.mbps(), 0.0}, loss);
+    if (evaluates(s, step, steps) && run.evaluate(net, read_outer, batches)) break;
   }
-  const double seconds = clock.seconds();
-  traffic.evaluation(
-      [&] {
-        if (prog) prog->finish(net, outer, ran, seconds, traffic.sent(), batches);
-        return false;
-      },
-      rank0);
-  traffic.finish(out);
+  run.finish(net, read_outer, batches, out);
 }
 
 // ---------------------------------------------------------------------------------- stellatrain
@@ -638,9 +648,6 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
   std::vector<float> x;
   std::vector<std::uint8_t> y;
   const std::uint64_t steps = steps_of(s, ranks, d);
-  std::optional<progress> prog;
-  if (r == 0) prog.emplace(progress{s, d, *out, steps, ranks});
-  progress* const rank0 = prog ? &*prog : nullptr;
   const auto& tensors = net.tensors();
   auto copy_params = [&](std::size_t i) {
     p.copy_params(i, std::span<float>(params).subspan(tensors[i].offset, tensors[i].size));
@@ -658,11 +665,10 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
     p.flush();
     for (std::size_t i = 0; i < tensors.size(); ++i) copy_params(i);
   };
-  mode_traffic traffic(t, topo, s);
-  training_clock clock;
-  std::uint64_t ran = 0;
+  const auto model = [&] { return std::span<const float>(params); };
+  mode_run run(t, topo, s, d, out, steps);
+  training_clock& clock = run.clock();
   for (std::uint64_t step = 0; step < steps; ++step) {
-    ran = step + 1;
     fetch();
     // With staleness 1 the previous step may still be applied, at its own rate.
     p.set_lr(learning_rate(s, s.sparse_lr, step));
@@ -680,37 +686,19 @@ void run_stellatrain(metered_link& t, const st::cluster_topology& topo, bool hie
     // staleness 0 the next step would wait as long).
     const bool evaluated = evaluates(s, step, steps);
     if (evaluated) fetch_all();
-    const double now = clock.seconds();
-    if (prog) {
-      prog->stepped({step + 1, now, p.stats().last_density, p.policy().bandwidth() * 8 / 1e6,
-                     links.mbps(), p.policy().latency() * 1e3},
-                    loss);
-    }
+    run.stepped({step + 1, clock.seconds(), p.stats().last_density,
+                 p.policy().bandwidth() * 8 / 1e6, links.mbps(), p.policy().latency() * 1e3},
+                loss);
     if (evaluated) {
       const auto e0 = std::chrono::steady_clock::now();
-      bool stop = false;
-      clock.paused([&] {
-        stop = traffic.evaluation(
-            [&] {
-              return prog &&
-                     prog->record(net, params, step + 1, now, traffic.sent(), batches, false);
-            },
-            rank0);
-      });
+      const bool stop = run.evaluate(net, model, batches);
       p.exclude_from_compute(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count());
       if (stop) break;
     }
   }
   fetch_all();
-  const double seconds = clock.seconds();
-  traffic.evaluation(
-      [&] {
-        if (prog) prog->finish(net, params, ran, seconds, traffic.sent(), batches);
-        return false;
-      },
-      rank0);
-  traffic.finish(out);
+  run.finish(net, model, batches, out);
 }
 
 // Local steps: every rank trains its replica with its own Adam for H steps; then the
@@ -766,18 +754,14 @@ void run_local(metered_link& t, const st::cluster_topology& topo, const settings
   std::vector<float> x;
   std::vector<std::uint8_t> y;
   const std::uint64_t steps = steps_of(s, ranks, d);
-  std::optional<progress> prog;
-  if (r == 0) prog.emplace(progress{s, d, *out, steps, ranks});
-  progress* const rank0 = prog ? &*prog : nullptr;
-  auto read_outer = [&] {
+  const auto read_outer = [&] {
     for (std::size_t i = 0; i < tensors.size(); ++i)
       p.copy_params(i, std::span<float>(outer).subspan(tensors[i].offset, tensors[i].size));
+    return std::span<const float>(outer);
   };
-  mode_traffic traffic(t, topo, s);
-  training_clock clock;
-  std::uint64_t ran = 0;
+  mode_run run(t, topo, s, d, out, steps);
+  training_clock& clock = run.clock();
   for (std::uint64_t step = 0; step < steps; ++step) {
-    ran = step + 1;
     inner.set_lr(learning_rate(s, s.sparse_lr, step));
     links.at(clock.seconds());
     for (std::size_t i = 0; i < tensors.size(); ++i)
@@ -790,36 +774,16 @@ void run_local(metered_link& t, const st::cluster_topology& topo, const settings
     for (std::size_t i = 0; i < tensors.size(); ++i)
       inner.step(i, std::span<const float>(grad).subspan(tensors[i].offset, tensors[i].size));
     loop.step(replica);
-    const double now = clock.seconds();
-    if (prog) prog->stepped({step + 1, now, density, 0, links.mbps(), 0}, loss);
+    run.stepped({step + 1, clock.seconds(), density, 0, links.mbps(), 0}, loss);
     if (evaluates(s, step, steps)) {
       const auto e0 = std::chrono::steady_clock::now();
-      bool stop = false;
-      clock.paused([&] {
-        stop = traffic.evaluation(
-            [&] {
-              if (!prog) return false;
-              read_outer();
-              return prog->record(net, outer, step + 1, now, traffic.sent(), batches, false);
-            },
-            rank0);
-      });
+      const bool stop = run.evaluate(net, read_outer, batches);
       p.exclude_from_compute(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count());
       if (stop) break;
     }
   }
-  const double seconds = clock.seconds();
-  traffic.evaluation(
-      [&] {
-        if (prog) {
-          read_outer();
-          prog->finish(net, outer, ran, seconds, traffic.sent(), batches);
-        }
-        return false;
-      },
-      rank0);
-  traffic.finish(out);
+  run.finish(net, read_outer, batches, out);
 }
 
 void run_modes(metered_link& t, const st::cluster_topology& topo, const settings& s, const data& d,
