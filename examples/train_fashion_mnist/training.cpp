@@ -312,74 +312,23 @@ std::uint64_t wan_bytes(metered_link& t, const st::cluster_topology& topo) {
   return n;
 }
 
-// What a mode put on the links, without the trainer's own bookkeeping at its evaluations
-// (a sum over the ranks in place of a barrier): that is no part of any mode's exchange. Every
-// mode is quiescent there (its exchanges done), so what the links carry meanwhile is the
-// bookkeeping's alone, and it is left out of every later figure.
-class mode_traffic {
- public:
-  // Collective (a barrier): every rank starts counting at the same point.
-  mode_traffic(metered_link& t, const st::cluster_topology& topo, const settings& s)
-      : t_(t), topo_(topo), stop_at_target_(s.stop_at_target) {
-    st::barrier(t);
-    sent0_ = sent_bytes(t);
-    wan0_ = wan_bytes(t, topo);
-  }
-
-  // Bytes this rank sent in the mode so far.
-  [[nodiscard]] std::uint64_t sent() const { return sent_bytes(t_) - sent0_ - excluded_sent_; }
-
-  // Collective, at an evaluation: rank 0 evaluates (`evaluate` returns whether the target was
-  // reached; `prog` is rank 0's progress, else null), then every rank learns the bytes that
-  // left each cluster so far and whether the mode stops there (--stop-at-target). Returns
-  // that decision.
-  template <class Evaluate>
-  bool evaluation(Evaluate&& evaluate, progress* prog) {
-    const std::uint64_t sent_before = sent_bytes(t_);
-    const std::uint64_t wan_before = wan_bytes(t_, topo_);
-    const bool reached = evaluate();
-    // One sum: each cluster's WAN bytes (its ranks' shares), then rank 0's decision.
-    std::vector<std::uint64_t> sums(static_cast<std::size_t>(topo_.clusters()) + 1, 0);
-    sums[static_cast<std::size_t>(topo_.cluster_of(t_.rank()))] =
-        wan_before - wan0_ - excluded_wan_;
-    sums.back() = t_.rank() == 0 && reached && stop_at_target_ ? 1 : 0;
-    st::dense_allreduce(t_, std::span<std::uint64_t>(sums), {.tag = 7});
-    excluded_sent_ += sent_bytes(t_) - sent_before;
-    excluded_wan_ += wan_bytes(t_, topo_) - wan_before;
-    std::uint64_t wan = 0;
-    for (std::size_t c = 0; c + 1 < sums.size(); ++c) wan += sums[c];
-    wan_per_cluster_ = wan / static_cast<std::uint64_t>(topo_.clusters());
-    if (prog) prog->out.curve.back().wan_bytes = wan_per_cluster_;
-    return sums.back() != 0;
-  }
-
-  // Collective, after the mode's last evaluation: its WAN bytes per cluster into `out`
-  // (rank 0's), then a barrier before the next mode.
-  void finish(fm::mode_result* out) {
-    if (out) out->wan_bytes_per_cluster = wan_per_cluster_;
-    st::barrier(t_);
-  }
-
- private:
-  metered_link& t_;
-  const st::cluster_topology& topo_;
-  bool stop_at_target_;
-  std::uint64_t sent0_ = 0;
-  std::uint64_t wan0_ = 0;
-  std::uint64_t excluded_sent_ = 0;
-  std::uint64_t excluded_wan_ = 0;
-  std::uint64_t wan_per_cluster_ = 0;
-};
-
-// One mode's run on this rank: rank 0's progress, the mode's traffic and the training clock.
-// `Params` of evaluate and finish: a callable returning the parameters every rank agrees on.
+// One mode's run on this rank: rank 0's progress, the training clock, and what the mode put
+// on the links, without the trainer's own bookkeeping at its evaluations (a sum over the ranks
+// in place of a barrier): that is no part of any mode's exchange. Every mode is quiescent
+// there (its exchanges done), so what the links carry meanwhile is the bookkeeping's alone,
+// and it is left out of every later figure. `Params` of evaluate and finish: a callable
+// returning the parameters every rank agrees on.
 class mode_run {
  public:
   // Collective (a barrier): every rank starts counting at the same point.
   mode_run(metered_link& t, const st::cluster_topology& topo, const settings& s, const data& d,
            fm::mode_result* out, std::uint64_t steps)
-      : traffic_(t, topo, s) {
+      : t_(t), topo_(topo), stop_at_target_(s.stop_at_target) {
     if (t.rank() == 0) prog_.emplace(progress{s, d, *out, steps, t.size()});
+    st::barrier(t);
+    sent0_ = sent_bytes(t);
+    wan0_ = wan_bytes(t, topo);
+    clock_ = training_clock();
   }
 
   [[nodiscard]] training_clock& clock() noexcept { return clock_; }
@@ -397,12 +346,9 @@ class mode_run {
   bool evaluate(fm::mlp& net, Params&& params, const rank_batches& batches) {
     bool stop = false;
     clock_.paused([&] {
-      stop = traffic_.evaluation(
-          [&] {
-            return prog_ &&
-                   prog_->record(net, params(), ran_, now_, traffic_.sent(), batches, false);
-          },
-          prog_ ? &*prog_ : nullptr);
+      stop = bookkeeping([&] {
+        return prog_ && prog_->record(net, params(), ran_, now_, sent(), batches, false);
+      });
     });
     return stop;
   }
@@ -412,19 +358,50 @@ class mode_run {
   template <class Params>
   void finish(fm::mlp& net, Params&& params, const rank_batches& batches, fm::mode_result* out) {
     const double seconds = clock_.seconds();
-    traffic_.evaluation(
-        [&] {
-          if (prog_) prog_->finish(net, params(), ran_, seconds, traffic_.sent(), batches);
-          return false;
-        },
-        prog_ ? &*prog_ : nullptr);
-    traffic_.finish(out);
+    bookkeeping([&] {
+      if (prog_) prog_->finish(net, params(), ran_, seconds, sent(), batches);
+      return false;
+    });
+    if (out) out->wan_bytes_per_cluster = wan_per_cluster_;
+    st::barrier(t_);
   }
 
  private:
+  // Bytes this rank sent in the mode so far.
+  [[nodiscard]] std::uint64_t sent() const { return sent_bytes(t_) - sent0_ - excluded_sent_; }
+
+  // Collective: rank 0 evaluates (`evaluate` returns whether the target was reached), then
+  // every rank learns the bytes that left each cluster so far and whether the mode stops.
+  template <class Evaluate>
+  bool bookkeeping(Evaluate&& evaluate) {
+    const std::uint64_t sent_before = sent_bytes(t_);
+    const std::uint64_t wan_before = wan_bytes(t_, topo_);
+    const bool reached = evaluate();
+    // One sum: each cluster's WAN bytes (its ranks' shares), then rank 0's decision.
+    std::vector<std::uint64_t> sums(static_cast<std::size_t>(topo_.clusters()) + 1, 0);
+    sums[static_cast<std::size_t>(topo_.cluster_of(t_.rank()))] =
+        wan_before - wan0_ - excluded_wan_;
+    sums.back() = t_.rank() == 0 && reached && stop_at_target_ ? 1 : 0;
+    st::dense_allreduce(t_, std::span<std::uint64_t>(sums), {.tag = 7});
+    excluded_sent_ += sent_bytes(t_) - sent_before;
+    excluded_wan_ += wan_bytes(t_, topo_) - wan_before;
+    std::uint64_t wan = 0;
+    for (std::size_t c = 0; c + 1 < sums.size(); ++c) wan += sums[c];
+    wan_per_cluster_ = wan / static_cast<std::uint64_t>(topo_.clusters());
+    if (prog_) prog_->out.curve.back().wan_bytes = wan_per_cluster_;
+    return sums.back() != 0;
+  }
+
+  metered_link& t_;
+  const st::cluster_topology& topo_;
+  bool stop_at_target_;
   std::optional<progress> prog_;
-  mode_traffic traffic_;
   training_clock clock_;
+  std::uint64_t sent0_ = 0;
+  std::uint64_t wan0_ = 0;
+  std::uint64_t excluded_sent_ = 0;
+  std::uint64_t excluded_wan_ = 0;
+  std::uint64_t wan_per_cluster_ = 0;
   std::uint64_t ran_ = 0;  // steps so far
   double now_ = 0;         // the last step's end
 };

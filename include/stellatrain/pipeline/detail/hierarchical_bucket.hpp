@@ -272,20 +272,7 @@ class hierarchical_bucket {
         u, std::span<const std::byte>(m.data(), m.size()), step, from, ex, sink, who);
     for (std::size_t s = 0; s < info.sections.size(); ++s) {
       const section_info& sec = info.sections[s];
-      if (pieces) {
-        // The unpacker took only registered ids (the pieces) at their length: every index is
-        // inside the piece.
-        const std::size_t piece = sec.tensor;
-        const auto& p = layout_.pieces[piece];
-        auto& dst = from_peer_[q][piece];
-        dst.resize(0);
-        dst.reserve(sec.count, {.prefault = false});
-        dst.set_dense_size(sec.dense_size);
-        u.decode(s, dst, ex);
-        for (auto& x : dst.indices()) x = static_cast<Index>(x + p.begin);
-        continue;
-      }
-      const std::size_t piece = piece_of(sec.tensor);
+      const std::size_t piece = pieces ? sec.tensor : piece_of(sec.tensor);
       if (piece == npos) {
         throw_error(errc::malformed_message, who() + " sent tensor " + std::to_string(sec.tensor) +
                                                  ", which has no element in this rank's shard");
@@ -296,6 +283,12 @@ class hierarchical_bucket {
       dst.set_dense_size(sec.dense_size);
       u.decode(s, dst, ex);
       const auto& p = layout_.pieces[piece];
+      if (pieces) {
+        // The unpacker took only the pieces' ids, at their lengths: every index lies in the
+        // piece, counted from its start.
+        for (auto& x : dst.indices()) x = static_cast<Index>(x + p.begin);
+        continue;
+      }
       if (dst.size() > 0 && (dst.indices().front() < p.begin || dst.indices().back() >= p.end)) {
         throw_error(errc::malformed_message,
                     who() + " sent indices of tensor " + std::to_string(sec.tensor) +
