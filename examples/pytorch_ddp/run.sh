@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Trains the example once per hook (none, fp16, powersgd, stellatrain, stellatrain-adaptive)
-# with 4 DDP processes, each in its own network namespace under wan-emu: a 100 Mbit/s link per
+# Trains the example once per method (none, fp16, powersgd, stellatrain, stellatrain-adaptive,
+# diloco, stellatrain-local) with 4 processes, each in its own network namespace under wan-emu: a 100 Mbit/s link per
 # rank, 20 ms RTT between ranks (or, with PYTORCH_DDP_CLUSTERS=2,2, two clusters whose uplinks
 # are shaped so). Then prints the table from the summaries in OUT (default out/pytorch_ddp).
 #
 #   examples/pytorch_ddp/run.sh [OUT] [-- extra train.py options]
 #
-# Environment: PYTORCH_DDP_HOOKS ("none fp16 powersgd stellatrain stellatrain-adaptive"),
+# Environment: PYTORCH_DDP_METHODS (all seven),
 # PYTORCH_DDP_RATE (100mbit), PYTORCH_DDP_DELAY_MS (10, one way), PYTORCH_DDP_CLUSTERS (unset:
 # one link per rank), WAN_EMU (default ../shared/tools/wan-emu beside the checkout), WAN_CC
 # (reno; "host" keeps the host's congestion control). Needs root and network namespaces; the
@@ -18,7 +18,7 @@ out=${1:-out/pytorch_ddp}
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
-hooks=${PYTORCH_DDP_HOOKS:-none fp16 powersgd stellatrain stellatrain-adaptive}
+methods=${PYTORCH_DDP_METHODS:-none fp16 powersgd stellatrain stellatrain-adaptive diloco stellatrain-local}
 rate=${PYTORCH_DDP_RATE:-100mbit}
 delay=${PYTORCH_DDP_DELAY_MS:-10}
 here=$root/examples/pytorch_ddp
@@ -41,12 +41,12 @@ else
 fi
 export PYTORCH_DDP_LINK=$link  # recorded in the summaries
 mkdir -p "$out"
-for hook in $hooks; do
-  echo "== $hook: $link"
-  rm -f "$out/$hook.json"  # a summary from an earlier run must not pass for this one's
+for method in $methods; do
+  echo "== $method: $link"
+  rm -f "$out/$method.json"  # a summary from an earlier run must not pass for this one's
   bash "$wan_emu" run "${topology[@]}" -r "$rate" -d "$delay" "${cc_args[@]+"${cc_args[@]}"}" \
-    --timeout 3600 -- $python "$here/train.py" --hook "$hook" --out "$out" \
+    --timeout 3600 -- $python "$here/train.py" --method "$method" --out "$out" \
     "${extra[@]+"${extra[@]}"}" | grep -E "^\[r0\]" || true
-  [ -f "$out/$hook.json" ] || { echo "PyTorch DDP example: $hook wrote no summary" >&2; exit 1; }
+  [ -f "$out/$method.json" ] || { echo "PyTorch DDP example: $method wrote no summary" >&2; exit 1; }
 done
 $python "$here/table.py" "$out"

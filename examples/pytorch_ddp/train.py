@@ -1,20 +1,26 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""A small CNN on Fashion-MNIST trained with PyTorch DDP over Gloo, with one communication
-hook: none (DDP's dense allreduce), PyTorch's fp16_compress_hook, PyTorch's PowerSGD, or
-stellatrain's compression_hook at a fixed density (stellatrain) or an adaptive one
-(stellatrain-adaptive). Every hook trains the same model from the same seed on the
-same batches with the same optimizer for the same number of steps.
+"""A small CNN on Fashion-MNIST trained over Gloo by one method: PyTorch DDP with a
+communication hook, none (DDP's dense allreduce), PyTorch's fp16_compress_hook, PyTorch's
+PowerSGD, or stellatrain's compression_hook at a fixed density (stellatrain) or an adaptive one
+(stellatrain-adaptive); or local steps with stellatrain.torch.LocalSteps: diloco (DiLoCo's
+published method written from the paper, not its authors' code: fp32 pseudo-gradients every
+--diloco-steps, outer Nesterov SGD 0.7/0.9) and stellatrain-local (every --local-steps, the
+chunked codec, --local-topk of every 4096 at --local-bits, error feedback with decay 0.95, a
+plain outer SGD of rate 1). With clusters (--clusters, or wan-emu's -c), the local-steps
+methods run DDP inside each cluster and the outer exchange between the clusters. Every method
+trains the same model from the same seed on the same batches with the same (inner) optimizer
+for the same number of steps; the local-steps methods are evaluated on the outer parameters.
 
 One process per rank. The rank and world come from torch's variables (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT) or from wan-emu's (WAN_EMU_RANK, WAN_EMU_SIZE, WAN_EMU_ADDRS: rank
 0's address is the master); `--spawn N` starts N ranks on this machine instead (loopback).
-Rank 0 writes OUT/HOOK.json: time to the target accuracy (training time only: evaluations are
+Rank 0 writes OUT/METHOD.json: time to the target accuracy (training time only: evaluations are
 not counted), final accuracy, step times, and the bytes each rank put on its network
 interface per step (under wan-emu, where each rank has its own eth0).
 
-    examples/pytorch_ddp/run.sh            # every hook under wan-emu, then the table
-    /usr/bin/python3 examples/pytorch_ddp/train.py --spawn 2 --hook stellatrain --steps 20
+    examples/pytorch_ddp/run.sh            # every method under wan-emu, then the table
+    /usr/bin/python3 examples/pytorch_ddp/train.py --spawn 2 --method stellatrain --steps 20
 """
 import argparse
 import gzip
@@ -41,14 +47,17 @@ import stellatrain  # noqa: E402
 import stellatrain.torch as st  # noqa: E402
 
 HOOKS = ("none", "fp16", "powersgd", "stellatrain", "stellatrain-adaptive")
+LOCAL = ("diloco", "stellatrain-local")
+METHODS = HOOKS + LOCAL
 MEAN, STD = 0.2860, 0.3530  # of Fashion-MNIST's training pixels
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--hook", choices=HOOKS, required=True)
-    p.add_argument("--steps", type=int, default=400, help="training steps of every hook")
+    p.add_argument("--method", "--hook", dest="method", choices=METHODS, required=True,
+                   help="a DDP hook, or local steps (diloco, stellatrain-local)")
+    p.add_argument("--steps", type=int, default=400, help="training steps (inner steps) of every method")
     p.add_argument("--batch", type=int, default=32, help="examples per rank and step")
     p.add_argument("--hidden", type=int, default=4096, help="width of the hidden layer")
     p.add_argument("--bucket-mb", type=float, default=32,
@@ -69,7 +78,21 @@ def parse_args(argv=None):
                    help="PowerSGD's matrix_approximation_rank")
     p.add_argument("--start-iter", type=int, default=10,
                    help="dense steps before PowerSGD and stellatrain compress")
+    p.add_argument("--diloco-steps", type=int, default=32, help="diloco's inner steps H")
+    p.add_argument("--local-steps", type=int, default=8,
+                   help="stellatrain-local's inner steps H")
+    p.add_argument("--local-topk", type=int, default=64,
+                   help="stellatrain-local: elements sent of every 4096")
+    p.add_argument("--local-bits", type=int, choices=(1, 2), default=2,
+                   help="stellatrain-local: bits per value sent")
+    p.add_argument("--clusters", default=None,
+                   help="ranks per cluster, e.g. 2,2 (default: wan-emu's -c, else one rank "
+                        "per cluster): the local-steps methods run DDP inside each")
     p.add_argument("--target", type=float, default=0.82, help="test accuracy to reach, 0..1")
+    p.add_argument("--stop-at-target", action="store_true",
+                   help="end at the first evaluation at or above --target")
+    p.add_argument("--max-seconds", type=float, default=0,
+                   help="end at the first evaluation after this much training time (0: none)")
     p.add_argument("--eval-every", type=int, default=10, help="steps between evaluations")
     p.add_argument("--eval-samples", type=int, default=2000,
                    help="test examples per evaluation (the final one uses all 10000)")
@@ -93,8 +116,12 @@ def parse_args(argv=None):
               (a.start_iter >= 0, "--start-iter must be >= 0"),
               (0 < a.target <= 1, "--target must be in (0, 1]"),
               (a.eval_every >= 1, "--eval-every must be >= 1"),
+              (a.max_seconds >= 0, "--max-seconds must be >= 0"),
               (1 <= a.eval_samples <= 10000, "--eval-samples must be in 1..10000"),
-              (a.spawn >= 0, "--spawn must be >= 0")]
+              (a.spawn >= 0, "--spawn must be >= 0"),
+              (a.diloco_steps >= 1, "--diloco-steps must be >= 1"),
+              (a.local_steps >= 1, "--local-steps must be >= 1"),
+              (1 <= a.local_topk <= 4096, "--local-topk must be in 1..4096")]
     for ok, message in checks:
         if not ok:
             p.error(message)
@@ -161,24 +188,61 @@ def tx_bytes():
 
 
 def register(ddp, a):
-    """Registers the hook named by --hook (none: DDP's own allreduce); returns stellatrain's
+    """Registers the hook named by --method (none: DDP's own allreduce); returns stellatrain's
     state, else None."""
-    if a.hook == "fp16":
+    if a.method == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif a.hook == "powersgd":
+    elif a.method == "powersgd":
         state = powerSGD_hook.PowerSGDState(process_group=None,
                                             matrix_approximation_rank=a.powersgd_rank,
                                             start_powerSGD_iter=max(2, a.start_iter))
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    elif a.hook in ("stellatrain", "stellatrain-adaptive"):
+    elif a.method in ("stellatrain", "stellatrain-adaptive"):
         state = st.CompressionState(process_group=None, density=a.density, values=a.values,
                                     start_iter=a.start_iter,
-                                    adaptive=a.hook == "stellatrain-adaptive",
+                                    adaptive=a.method == "stellatrain-adaptive",
                                     min_density=a.min_density, max_density=a.max_density,
                                     exchange_ratio=a.exchange_ratio)
         ddp.register_comm_hook(state, st.compression_hook)
         return state
     return None
+
+
+def cluster_sizes(a, world):
+    """Ranks per cluster from --clusters or wan-emu's -c; None for one rank per cluster."""
+    text = a.clusters or os.environ.get("WAN_EMU_CLUSTERS", "")
+    if "," not in text:
+        return None
+    sizes = [int(x) for x in text.split(",")]
+    if sum(sizes) != world:
+        sys.exit(f"train.py: clusters {text} hold {sum(sizes)} ranks, the world {world}")
+    return sizes
+
+
+def local_steps(model, a, world):
+    """The local-steps method named by --method around `model`: (the network to train, the
+    optimizer, the outer step's parameters for evaluations)."""
+    sizes = cluster_sizes(a, world)
+    groups = None
+    if sizes:
+        if len(set(sizes)) != 1:
+            sys.exit(f"train.py: the local-steps methods need clusters of one size, got {sizes}")
+        first = [sum(sizes[:i]) for i in range(len(sizes))]
+        groups = st.clusters([list(range(f, f + n)) for f, n in zip(first, sizes)])
+    net = model if groups is None else \
+        nn.parallel.DistributedDataParallel(model, process_group=groups.cluster,
+                                            bucket_cap_mb=a.bucket_mb)
+    inner = st.optim.Adam(net.parameters(), lr=a.lr)
+    common = dict(clusters=groups, replicas_in_sync=groups is not None, threads=1)
+    if a.method == "diloco":
+        opt = st.LocalSteps(net, inner, inner_steps=a.diloco_steps, codec="fp32", outer_lr=0.7,
+                            outer_momentum=0.9, nesterov=True, **common)
+    else:
+        opt = st.LocalSteps(net, inner, inner_steps=a.local_steps, codec="chunked",
+                            values=f"{a.local_bits}bit", chunk_bits=12, per_chunk=a.local_topk,
+                            decay=0.95, outer_lr=1.0, outer_momentum=0.0, nesterov=False,
+                            **common)
+    return net, opt
 
 
 def train(rank, world, a):
@@ -192,18 +256,32 @@ def train(rank, world, a):
     # does not survive (a size mismatch aborts a rank). Every hook gets the same buckets: the
     # first bucket as large as the others (PyTorch reads this variable for that purpose).
     dist._DEFAULT_FIRST_BUCKET_BYTES = int(a.bucket_mb * 2**20)
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
-    state = register(ddp, a)
-    opt = st.optim.Adam(ddp.parameters(), lr=a.lr)
+    state = None
+    if a.method in LOCAL:
+        ddp, opt = local_steps(model, a, world)
+        evaluated = Net(a.hidden)  # the outer parameters, at each evaluation
+
+        def evaluation_model():
+            nn.utils.vector_to_parameters(opt.outer_parameters, evaluated.parameters())
+            return evaluated
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
+        state = register(ddp, a)
+        opt = st.optim.Adam(ddp.parameters(), lr=a.lr)
+
+        def evaluation_model():
+            return model
 
     # Every rank draws the same permutation per epoch and takes its own stride of it, as
     # DistributedSampler does: no example twice within an epoch.
     per_epoch = len(y_train) // (a.batch * world)
     step_times, evals, densities = [], [], []
-    train_time, time_to_target, steps_to_target = 0.0, None, None
+    train_time, time_to_target, steps_to_target, bytes_to_target = 0.0, None, None, None
+    tx_start = tx_bytes()
     # Bytes and step times are those of the steady state: after the dense warm-up and a few
     # steps more.
     steady_from = min(a.steps - 1, a.start_iter + 5)
+    tx0, ran = None, a.steps
     for step in range(a.steps):
         if step == steady_from:
             tx0 = tx_bytes()
@@ -217,33 +295,45 @@ def train(rank, world, a):
         F.cross_entropy(ddp(x_train[rows]), y_train[rows]).backward()
         opt.step()
         # The step ends when every rank has its update: DDP waits for the exchange in
-        # backward(), so the step time is what the slowest rank sees.
+        # backward(), so the step time is what the slowest rank sees (local steps: an outer
+        # step waits for the exchange in opt.step()).
         dt = time.perf_counter() - t0
         step_times.append(dt)
         train_time += dt
         if state is not None:
             densities.append(state.density)  # of the next step
         if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
-            acc = accuracy(model, x_test[:a.eval_samples], y_test[:a.eval_samples]) \
-                if rank == 0 else 0.0
+            acc = accuracy(evaluation_model(), x_test[:a.eval_samples],
+                           y_test[:a.eval_samples]) if rank == 0 else 0.0
             evals.append((step + 1, train_time, acc))
             if rank == 0 and time_to_target is None and acc >= a.target:
                 time_to_target, steps_to_target = train_time, step + 1
-            dist.barrier()  # evaluations stay out of the next step's time
+                if tx_start is not None:
+                    bytes_to_target = tx_bytes() - tx_start
+            # Rank 0 decides whether to end here; the broadcast also keeps the evaluation out
+            # of the next step's time on every rank.
+            stop = torch.tensor([int(rank == 0 and (
+                (a.stop_at_target and time_to_target is not None) or
+                (a.max_seconds > 0 and train_time >= a.max_seconds)))])
+            dist.broadcast(stop, 0)
+            if stop.item():
+                ran = step + 1
+                break
     tx1 = tx_bytes()
-    final = accuracy(model, x_test, y_test) if rank == 0 else 0.0
+    final = accuracy(evaluation_model(), x_test, y_test) if rank == 0 else 0.0
 
     # Per rank: bytes on the wire per step, and the median step time, of the steady state.
-    sent = float("nan") if tx0 is None else (tx1 - tx0) / (a.steps - steady_from)
-    mine = torch.tensor([sent, statistics.median(step_times[steady_from:])],
+    sent = float("nan") if tx0 is None else (tx1 - tx0) / (ran - steady_from)
+    mine = torch.tensor([sent, statistics.median(step_times[min(steady_from, ran - 1):])],
                         dtype=torch.float64)
     everyone = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(everyone, mine)
     if rank == 0:
         summary = {
-            "hook": a.hook, "world": world, "target": a.target,
+            "method": a.method, "world": world, "target": a.target,
             "time_to_target_s": time_to_target, "steps_to_target": steps_to_target,
-            "final_accuracy": final, "train_time_s": train_time, "steps": a.steps,
+            "rank0_bytes_to_target": bytes_to_target,
+            "final_accuracy": final, "train_time_s": train_time, "steps": ran,
             "step_time_s": max(float(t[1]) for t in everyone),
             "bytes_per_step": [None if np.isnan(float(t[0])) else float(t[0])
                                for t in everyone],
@@ -257,10 +347,10 @@ def train(rank, world, a):
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, f"{a.hook}.json"), "w") as f:
+        with open(os.path.join(a.out, f"{a.method}.json"), "w") as f:
             json.dump(summary, f, indent=1)
         ttt = "not reached" if time_to_target is None else f"{time_to_target:.1f} s"
-        print(f"{a.hook}: {a.steps} steps in {train_time:.1f} s, target {a.target:.0%} "
+        print(f"{a.method}: {ran} steps in {train_time:.1f} s, target {a.target:.0%} "
               f"{ttt}, final accuracy {final:.2%}", flush=True)
 
 

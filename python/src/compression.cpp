@@ -5,6 +5,7 @@
 // including the step reports its messages carry for the adaptive density (the pipeline's
 // control section, pipeline/step_reports.hpp); `select_topk`, `pack`, `unpack` and
 // `merge_dense` are the same kernels one at a time.
+#include <stellatrain/compress/chunked_compressor.hpp>
 #include <stellatrain/compress/error_feedback.hpp>
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/float16.hpp>
@@ -181,25 +182,37 @@ void decode_all(st::message_unpacker& unpacker, std::uint32_t id, std::uint64_t 
 }
 
 // Error feedback + selection + packing of registered tensors, and the mean of the messages
-// of every rank. Calls are serialised: the hook compresses the next bucket on its thread while
+// of every rank. The selector "chunked" is the chunked low-bit codec (compress/
+// chunked_compressor.hpp: values "1bit" or "2bit", k per chunk ceil(k 2^b / n)), whose
+// selections travel as chunked sections. Calls are serialised: the hook compresses the next bucket on its thread while
 // the exchange's callback reduces the previous one on another. The mutex is taken with the
 // GIL released, and nothing under it takes the GIL.
 class codec {
  public:
   codec(const std::string& selector, const std::string& values, std::uint64_t seed,
-        std::shared_ptr<executor_handle> threads)
-      : ex_(std::move(threads)),
-        impl_(make(values, {.method = method_from(selector), .seed = seed})) {}
+        std::shared_ptr<executor_handle> threads, unsigned chunk_bits, float decay)
+      : ex_(std::move(threads)), impl_(make(selector, values, seed, chunk_bits, decay)) {}
 
   void add(std::uint32_t id, std::uint64_t n, std::uint64_t max_k) {
     py::gil_scoped_release unlocked;
     const std::lock_guard lock(mutex_);
-    std::visit([&](auto& c) { ex_->run([&](auto& ex) { c.ef.add_tensor(ex, id, n, max_k); }); },
-               impl_);
-    sizes_[id] = n;
+    std::visit(
+        [&](auto& c) {
+          ex_->run([&](auto& ex) {
+            if constexpr (is_chunked<decltype(c)>) {
+              c.ef.add_tensor(ex, id, n);
+            } else {
+              c.ef.add_tensor(ex, id, n, max_k);
+            }
+          });
+        },
+        impl_);
   }
 
-  [[nodiscard]] bool has(std::uint32_t id) const { return sizes_.count(id) != 0; }
+  [[nodiscard]] bool has(std::uint32_t id) const {
+    const std::lock_guard lock(mutex_);
+    return std::visit([&](const auto& c) { return c.ef.has_tensor(id); }, impl_);
+  }
 
   // acc = g + r; selects min(k, n) of acc; r = acc - sent; packs the selection as a message of
   // tensor `id` tagged `tag`, with `reports` (at most `max_reports`, steps ascending and before
@@ -213,14 +226,18 @@ class codec {
     if (!reports.empty()) set_reports(reports, tag);
     return std::visit(
         [&](auto& c) -> std::uint64_t {
-          using V = typename std::decay_t<decltype(c)>::value;
           std::uint64_t bytes = 0;
           ex_->run([&](auto& ex) {
             const auto stats = c.ef.compress(ex, id, g, k, c.selection);
             last_count_ = stats.count;
             last_exact_ = stats.exact;
             packer_.clear(tag);
-            packer_.add(id, c.selection.view(), {.values = encoding_of<V>()});
+            if constexpr (is_chunked<decltype(c)>) {
+              packer_.add_chunked(id, c.ef.wire_section(id));
+            } else {
+              using V = typename std::decay_t<decltype(c)>::value;
+              packer_.add(id, c.selection.view(), {.values = encoding_of<V>()});
+            }
             if (!reports.empty()) packer_.add_control(st::control_type::step_reports, payload_);
             bytes = packer_.prepare(ex);
           });
@@ -274,6 +291,25 @@ class codec {
         impl_);
   }
 
+  // Every tensor's error-feedback state (the compressor's own versioned, checksummed format).
+  [[nodiscard]] py::bytes save_state() const {
+    const std::lock_guard lock(mutex_);
+    const auto b = std::visit([](const auto& c) { return c.ef.save_state(); }, impl_);
+    return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+
+  // Replaces every tensor's state with `saved` (from `save_state` of a codec with the same
+  // options); nothing changes when it throws.
+  void load_state(const std::string& saved) {
+    py::gil_scoped_release unlocked;
+    const std::lock_guard lock(mutex_);
+    std::visit(
+        [&](auto& c) {
+          ex_->run([&](auto& ex) { c.ef.load_state(ex, std::as_bytes(std::span(saved))); });
+        },
+        impl_);
+  }
+
   // The last compress call's selection: its size and whether it is exactly the top k.
   [[nodiscard]] std::tuple<std::uint64_t, bool> last_selection() const {
     return {last_count_, last_exact_};
@@ -309,10 +345,37 @@ class codec {
     st::sparse_buffer<V> selection;
   };
 
-  using any_compressor =
-      std::variant<compressor<float>, compressor<st::fp16>, compressor<st::bf16>>;
+  struct chunked {
+    using value = float;
+    explicit chunked(const st::chunked_compressor_options& o) : ef(o) {}
+    st::chunked_compressor<> ef;
+    st::sparse_buffer<float> selection;
+  };
 
-  static any_compressor make(const std::string& values, const st::runtime_selector_options& o) {
+  template <class C>
+  static constexpr bool is_chunked = std::is_same_v<std::decay_t<C>, chunked>;
+
+  using any_compressor =
+      std::variant<compressor<float>, compressor<st::fp16>, compressor<st::bf16>, chunked>;
+
+  static any_compressor make(const std::string& selector, const std::string& values,
+                             std::uint64_t seed, unsigned chunk_bits, float decay) {
+    if (selector == "chunked") {
+      if (values != "1bit" && values != "2bit") {
+        throw py::value_error("stellatrain: the chunked codec's values must be '1bit' or '2bit', got '" +
+                              values + "'");
+      }
+      const st::chunked_compressor_options o{
+          .chunk_bits = chunk_bits,
+          .bits = values == "1bit" ? st::chunk_value_bits::one : st::chunk_value_bits::two,
+          .decay = decay};
+      try {
+        return chunked(o);
+      } catch (const st::error& e) {
+        throw py::value_error(e.what());
+      }
+    }
+    const st::runtime_selector_options o{.method = method_from(selector), .seed = seed};
     if (values == "fp32") return compressor<float>(st::runtime_selector<>(o));
     if (values == "fp16") return compressor<st::fp16>(st::runtime_selector<>(o));
     if (values == "bf16") return compressor<st::bf16>(st::runtime_selector<>(o));
@@ -332,7 +395,6 @@ class codec {
   mutable std::mutex mutex_;
   std::shared_ptr<executor_handle> ex_;
   any_compressor impl_;
-  std::map<std::uint32_t, std::uint64_t> sizes_;
   st::message_packer packer_;
   std::vector<std::byte> payload_;
   std::vector<message_reports> reports_;
@@ -591,8 +653,11 @@ void bind_compression(py::module_& m) {
       });
   py::class_<codec>(m, "Codec")
       .def(py::init<const std::string&, const std::string&, std::uint64_t,
-                    std::shared_ptr<executor_handle>>(),
-           py::arg("selector"), py::arg("values"), py::arg("seed"), py::arg("threads"))
+                    std::shared_ptr<executor_handle>, unsigned, float>(),
+           py::arg("selector"), py::arg("values"), py::arg("seed"), py::arg("threads"),
+           py::arg("chunk_bits") = 12u, py::arg("decay") = 1.0f)
+      .def("save_state", &codec::save_state)
+      .def("load_state", &codec::load_state, py::arg("state"))
       .def("add", &codec::add, py::arg("id"), py::arg("elements"), py::arg("max_k"))
       .def("has", &codec::has, py::arg("id"))
       .def("compress", &codec::compress, py::arg("id"), py::arg("grad"), py::arg("elements"),

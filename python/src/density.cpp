@@ -2,10 +2,12 @@
 // The density side of stellatrain._native: `DensityController`, the adaptive density
 // controller of pipeline/density_controller.hpp, for the DDP hook to feed with its own
 // timings (the ranks' step reports, combined alike on every rank, so that every rank's
-// controller decides the same density).
+// controller decides the same density), and `inner_steps_for`, the local steps' choice of H
+// (pipeline/local_steps.hpp).
 #include <stellatrain/core/error.hpp>
 #include <stellatrain/core/saved_state.hpp>
 #include <stellatrain/pipeline/density_controller.hpp>
+#include <stellatrain/pipeline/local_steps.hpp>
 #include <stellatrain/pipeline/step_reports.hpp>
 
 #include <pybind11/pybind11.h>
@@ -127,6 +129,9 @@ void bind_density(py::module_& m) {
                              [](const density_controller& c) { return c.get().compute_seconds(); })
       .def("save_state", &density_controller::save_state)
       .def("load_state", &density_controller::load_state, py::arg("state"));
+  m.def("inner_steps_for", &st::inner_steps_for, py::arg("exchange_seconds"),
+        py::arg("inner_step_seconds"), py::arg("share"), py::arg("lo"), py::arg("hi"),
+        py::arg("fallback"));
 }
 
 }  // namespace stellatrain_python

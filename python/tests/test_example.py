@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""examples/pytorch_ddp: a few steps of every hook with 2 processes on loopback, and its
+"""examples/pytorch_ddp: a few steps of every method with 2 processes on loopback, and its
 table. The example's figures come from its run under wan-emu (examples/pytorch_ddp/run.sh);
 this keeps the program working."""
 import json
@@ -16,20 +16,22 @@ DATA = "/usr/share/datasets/fashion-mnist"
 
 @pytest.mark.skipif(not os.path.isfile(os.path.join(DATA, "train-images-idx3-ubyte.gz")),
                     reason="dataset-fashion-mnist is not installed")
-def test_every_hook_trains_and_the_table_lists_them(tmp_path):
-    for hook in ("none", "fp16", "powersgd", "stellatrain", "stellatrain-adaptive"):
+def test_every_method_trains_and_the_table_lists_them(tmp_path):
+    for method in ("none", "fp16", "powersgd", "stellatrain", "stellatrain-adaptive", "diloco",
+                   "stellatrain-local"):
         subprocess.run([sys.executable, os.path.join(EXAMPLE, "train.py"), "--spawn", "2",
-                        "--hook", hook, "--steps", "12", "--start-iter", "3",
+                        "--method", method, "--steps", "12", "--start-iter", "3",
                         "--eval-every", "4", "--eval-samples", "500", "--hidden", "256",
+                        "--diloco-steps", "4", "--local-steps", "4", "--local-topk", "1024",
                         "--out", str(tmp_path)], check=True, timeout=300)
-        s = json.loads((tmp_path / f"{hook}.json").read_text())
-        assert s["hook"] == hook and s["world"] == 2 and s["steps"] == 12
+        s = json.loads((tmp_path / f"{method}.json").read_text())
+        assert s["method"] == method and s["world"] == 2 and s["steps"] == 12
         assert [e[0] for e in s["evaluations"]] == [4, 8, 12]
         # 12 steps of 64 examples lift a 10-class model well above chance.
         assert s["final_accuracy"] > 0.4
         assert s["bytes_per_step"] == [None, None]  # loopback: no interface of its own
         assert s["step_time_s"] > 0
-        if hook.startswith("stellatrain"):
+        if method in ("stellatrain", "stellatrain-adaptive"):
             assert len(s["densities"]) == 12
     table = subprocess.run([sys.executable, os.path.join(EXAMPLE, "table.py"), str(tmp_path)],
                            check=True, capture_output=True, text=True, timeout=60).stdout
@@ -37,17 +39,23 @@ def test_every_hook_trains_and_the_table_lists_them(tmp_path):
     names = [r.split(" | ")[0] for r in rows]
     assert names[:4] == ["| none (dense allreduce)", "| fp16_compress_hook",
                          "| PowerSGD rank 1", "| stellatrain 0.01 bf16"]
-    assert len(names) == 5 and names[4].startswith(
+    assert len(names) == 7 and names[4].startswith(
         "| stellatrain adaptive 0.001..0.1 bf16, exchange 0.95 of compute (median ")
+    assert names[5:] == ["| DiLoCo from the paper (LocalSteps fp32), H 4, outer Nesterov 0.7/0.9",
+                         "| stellatrain-local, H 4, 1024 of 4096 at 2 bits"]
 
 
 def test_bad_options_are_refused_before_any_work():
-    for args, message in ((["--hook", "gzip"], "invalid choice"),
-                          (["--hook", "none", "--density", "0"], "--density must be in (0, 1]"),
-                          (["--hook", "stellatrain-adaptive", "--min-density", "0.2",
+    for args, message in ((["--method", "gzip"], "invalid choice"),
+                          (["--method", "diloco", "--diloco-steps", "0"],
+                           "--diloco-steps must be >= 1"),
+                          (["--method", "stellatrain-local", "--local-topk", "5000"],
+                           "--local-topk must be in 1..4096"),
+                          (["--method", "none", "--density", "0"], "--density must be in (0, 1]"),
+                          (["--method", "stellatrain-adaptive", "--min-density", "0.2",
                             "--max-density", "0.1"], "--min-density and --max-density"),
-                          (["--hook", "none", "--steps", "0"], "--steps must be >= 1"),
-                          (["--hook", "none", "--data", "/nonexistent"], "--data: no")):
+                          (["--method", "none", "--steps", "0"], "--steps must be >= 1"),
+                          (["--method", "none", "--data", "/nonexistent"], "--data: no")):
         r = subprocess.run([sys.executable, os.path.join(EXAMPLE, "train.py"), *args],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)

@@ -85,6 +85,12 @@ class chunked_compressor {
     tensors_.insert(at, std::move(t));
   }
 
+  /// Whether tensor `id` is registered.
+  [[nodiscard]] bool has_tensor(std::uint32_t id) const noexcept {
+    const auto at = detail::lower_bound_id(tensors_, id);
+    return at != tensors_.end() && (*at)->id == id;
+  }
+
   /// One step of tensor `id`: the codec encodes `g` with the feedback at ceil(k 2^b / n) per
   /// chunk; `out` gets the pairs.
   template <executor Ex>
