@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Trains the example once per method (none, fp16, powersgd, stellatrain, stellatrain-adaptive,
-# diloco, stellatrain-local) with 4 processes, each in its own network namespace under wan-emu: a 100 Mbit/s link per
+# diloco, stellatrain-local, and torchft-diloco, torchft-streaming-diloco where torchft is
+# installed) with 4 processes, each in its own network namespace under wan-emu: a 100 Mbit/s link per
 # rank, 20 ms RTT between ranks (or, with PYTORCH_DDP_CLUSTERS=2,2, two clusters whose uplinks
 # are shaped so). Then prints the table from the summaries in OUT (default out/pytorch_ddp).
 #
 #   examples/pytorch_ddp/run.sh [OUT] [-- extra train.py options]
 #
-# Environment: PYTORCH_DDP_METHODS (all seven),
+# Environment: PYTORCH_DDP_METHODS (all of them), PYTORCH_DDP_PYTHON (the interpreter, default
+# /usr/bin/python3 with Debian's torch; build/venv-torch/bin/python for torch 2.15 and torchft:
+# scripts/install-torchft),
 # PYTORCH_DDP_RATE (100mbit), PYTORCH_DDP_DELAY_MS (10, one way), PYTORCH_DDP_CLUSTERS (unset:
 # one link per rank), WAN_EMU (default ../shared/tools/wan-emu beside the checkout), WAN_CC
 # (reno; "host" keeps the host's congestion control). Needs root and network namespaces; the
@@ -18,14 +21,17 @@ out=${1:-out/pytorch_ddp}
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
-methods=${PYTORCH_DDP_METHODS:-none fp16 powersgd stellatrain stellatrain-adaptive diloco stellatrain-local}
+python=${PYTORCH_DDP_PYTHON:-/usr/bin/python3}
+all="none fp16 powersgd stellatrain stellatrain-adaptive diloco stellatrain-local"
+$python -c "import torchft" 2>/dev/null && all="$all torchft-diloco torchft-streaming-diloco"
+methods=${PYTORCH_DDP_METHODS:-$all}
 rate=${PYTORCH_DDP_RATE:-100mbit}
 delay=${PYTORCH_DDP_DELAY_MS:-10}
 here=$root/examples/pytorch_ddp
-python=/usr/bin/python3
 
 wan_preflight "PyTorch DDP example"
-if [ -z "${PYTHONPATH:-}" ] && [ -d "$root/build/ci/python/stellatrain" ]; then
+if [ -z "${PYTHONPATH:-}" ] && [ -z "${PYTORCH_DDP_PYTHON:-}" ] &&
+   [ -d "$root/build/ci/python/stellatrain" ]; then
   export PYTHONPATH=$root/build/ci/python
 fi
 $python -c "import stellatrain.torch" || {

@@ -9,7 +9,7 @@ import statistics
 import sys
 
 METHODS = ("none", "fp16", "powersgd", "stellatrain", "stellatrain-adaptive", "diloco",
-           "stellatrain-local")
+           "torchft-diloco", "torchft-streaming-diloco", "stellatrain-local")
 NAMES = {"none": "none (dense allreduce)", "fp16": "fp16_compress_hook",
          "powersgd": "PowerSGD", "stellatrain": "stellatrain"}
 
@@ -24,6 +24,11 @@ def describe(s):
     if method == "diloco":
         return (f"DiLoCo from the paper (LocalSteps fp32), H {o['diloco_steps']}, outer "
                 f"Nesterov 0.7/0.9")
+    if method == "torchft-diloco":
+        return f"torchft DiLoCo (torchft.local_sgd), H {o['diloco_steps']}"
+    if method == "torchft-streaming-diloco":
+        return (f"torchft Streaming DiLoCo, H {o['diloco_steps']}, 2 fragments, overlap "
+                f"{o['streaming_delay']}")
     if method == "stellatrain-local":
         return (f"stellatrain-local, H {o['local_steps']}, {o['local_topk']} of 4096 at "
                 f"{o['local_bits']} bits")

@@ -7,7 +7,10 @@ PowerSGD, or stellatrain's compression_hook at a fixed density (stellatrain) or 
 published method written from the paper, not its authors' code: fp32 pseudo-gradients every
 --diloco-steps, outer Nesterov SGD 0.7/0.9) and stellatrain-local (every --local-steps, the
 chunked codec, --local-topk of every 4096 at --local-bits, error feedback with decay 0.95, a
-plain outer SGD of rate 1). With clusters (--clusters, or wan-emu's -c), the local-steps
+plain outer SGD of rate 1); or torchft's own DiLoCo and Streaming DiLoCo (torchft.local_sgd
+from PyPI, scripts/install-torchft: torchft-diloco, torchft-streaming-diloco, the same H, inner
+and outer optimizers as diloco; the streaming one in two fragments, fc1 and the rest, each
+synchronised every H steps in turn, --streaming-delay steps of overlap). With clusters (--clusters, or wan-emu's -c), the local-steps
 methods run DDP inside each cluster and the outer exchange between the clusters. Every method
 trains the same model from the same seed on the same batches with the same (inner) optimizer
 for the same number of steps; the local-steps methods are evaluated on the outer parameters.
@@ -48,7 +51,8 @@ import stellatrain.torch as st  # noqa: E402
 
 HOOKS = ("none", "fp16", "powersgd", "stellatrain", "stellatrain-adaptive")
 LOCAL = ("diloco", "stellatrain-local")
-METHODS = HOOKS + LOCAL
+TORCHFT = ("torchft-diloco", "torchft-streaming-diloco")
+METHODS = HOOKS + LOCAL + TORCHFT
 MEAN, STD = 0.2860, 0.3530  # of Fashion-MNIST's training pixels
 
 
@@ -56,7 +60,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--method", "--hook", dest="method", choices=METHODS, required=True,
-                   help="a DDP hook, or local steps (diloco, stellatrain-local)")
+                   help="a DDP hook, or local steps (diloco, stellatrain-local, torchft's)")
     p.add_argument("--steps", type=int, default=400, help="training steps (inner steps) of every method")
     p.add_argument("--batch", type=int, default=32, help="examples per rank and step")
     p.add_argument("--hidden", type=int, default=4096, help="width of the hidden layer")
@@ -78,7 +82,10 @@ def parse_args(argv=None):
                    help="PowerSGD's matrix_approximation_rank")
     p.add_argument("--start-iter", type=int, default=10,
                    help="dense steps before PowerSGD and stellatrain compress")
-    p.add_argument("--diloco-steps", type=int, default=32, help="diloco's inner steps H")
+    p.add_argument("--diloco-steps", type=int, default=32,
+                   help="inner steps H of diloco and of torchft's methods")
+    p.add_argument("--streaming-delay", type=int, default=1,
+                   help="torchft-streaming-diloco: steps its exchange overlaps")
     p.add_argument("--local-steps", type=int, default=8,
                    help="stellatrain-local's inner steps H")
     p.add_argument("--local-topk", type=int, default=64,
@@ -120,6 +127,10 @@ def parse_args(argv=None):
               (1 <= a.eval_samples <= 10000, "--eval-samples must be in 1..10000"),
               (a.spawn >= 0, "--spawn must be >= 0"),
               (a.diloco_steps >= 1, "--diloco-steps must be >= 1"),
+              (a.method != "torchft-streaming-diloco" or a.diloco_steps % 2 == 0,
+               "--diloco-steps must be even for torchft-streaming-diloco (two fragments)"),
+              (0 <= a.streaming_delay < max(1, a.diloco_steps // 2),
+               "--streaming-delay must be in [0, H/2)"),
               (a.local_steps >= 1, "--local-steps must be >= 1"),
               (1 <= a.local_topk <= 4096, "--local-topk must be in 1..4096")]
     for ok, message in checks:
@@ -245,6 +256,70 @@ def local_steps(model, a, world):
     return net, opt
 
 
+def fragments_of(model, method):
+    """The model in the fragments torchft synchronises: one, or (streaming) two."""
+    if method == "torchft-diloco":
+        return [model]
+    return [model.fc1, nn.ModuleList([model.conv1, model.conv2, model.fc2])]
+
+
+def torchft_method(model, inner, a, rank, world):
+    """torchft's DiLoCo (one fragment) or Streaming DiLoCo (two) around `model` and `inner`,
+    one replica group per rank: (the DiLoCo context, what to close at the end). Rank 0 runs the
+    lighthouse; each rank advertises its own address (wan-emu's, else loopback)."""
+    from datetime import timedelta
+
+    from torchft._torchft import LighthouseServer
+    from torchft.checkpointing import HTTPTransport
+    from torchft.local_sgd import DiLoCo
+    from torchft.manager import Manager
+    from torchft.process_group import ProcessGroupGloo
+
+    host = os.environ.get("WAN_EMU_ADDR", "127.0.0.1")
+    master = os.environ["WAN_EMU_ADDRS"].split()[0] if "WAN_EMU_ADDRS" in os.environ \
+        else "127.0.0.1"
+    lighthouse, port = None, torch.zeros(1, dtype=torch.int64)
+    if rank == 0:
+        lighthouse = LighthouseServer(bind="0.0.0.0:0", min_replicas=world,
+                                      join_timeout_ms=60000, heartbeat_timeout_ms=5000)
+        port[0] = int(lighthouse.address().rsplit(":", 1)[1])
+    dist.broadcast(port, 0)
+    # torchft's Manager connects to a store it does not start; it must live as long as training.
+    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
+
+    class Transport(HTTPTransport):
+        # torchft advertises socket.gethostname(), which is no address of a wan-emu rank.
+        def address(self):
+            return f"http://{host}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+    timeout = timedelta(seconds=600)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
+        min_replica_size=world, use_async_quorum=False, replica_id=f"replica_{rank}",
+        lighthouse_addr=f"http://{master}:{int(port)}", hostname=host, port=0,
+        store_addr=host, store_port=store.port, rank=0, world_size=1,
+        init_sync=False,  # every rank starts from the same seed
+        checkpoint_transport=Transport(timeout=timeout, num_chunks=0),
+        max_retries=1,  # a failed exchange raises instead of training on unsynchronised
+        timeout=timeout, quorum_timeout=timeout, connect_timeout=timedelta(seconds=60))
+    fragments = fragments_of(model, a.method)
+    outer = [torch.optim.SGD(f.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+             for f in fragments]
+    streaming = {} if a.method == "torchft-diloco" else \
+        {"fragment_sync_delay": a.streaming_delay, "fragment_update_alpha": 0.0}
+    store_alive = [store]
+    diloco = DiLoCo(manager, fragments, inner, outer if len(outer) > 1 else outer[0],
+                    sync_every=a.diloco_steps, backup_device=torch.device("cpu"),
+                    pin_memory=False, **streaming)
+
+    def close():
+        del store_alive[:]
+        manager.shutdown(wait=False)
+        if lighthouse is not None:
+            lighthouse.shutdown()
+    return diloco, close
+
+
 def train(rank, world, a):
     torch.set_num_threads(1)
     x_train, y_train = load(a.data, "train")
@@ -256,8 +331,22 @@ def train(rank, world, a):
     # does not survive (a size mismatch aborts a rank). Every hook gets the same buckets: the
     # first bucket as large as the others (PyTorch reads this variable for that purpose).
     dist._DEFAULT_FIRST_BUCKET_BYTES = int(a.bucket_mb * 2**20)
-    state = None
-    if a.method in LOCAL:
+    state, close = None, None
+    if a.method in TORCHFT:
+        ddp = model
+        opt = st.optim.Adam(model.parameters(), lr=a.lr)
+        diloco, close = torchft_method(model, opt, a, rank, world)
+        diloco.__enter__()  # torchft's hooks on opt.step(): every H-th step synchronises
+        evaluated = Net(a.hidden)
+
+        def evaluation_model():
+            # The fragments' global parameters, as torchft last synchronised them.
+            evaluated.load_state_dict(model.state_dict())
+            for mine, theirs in zip(fragments_of(evaluated, a.method), diloco._fragments):
+                for name, t in theirs.original_parameters.items():
+                    mine.get_parameter(name).data.copy_(t)
+            return evaluated
+    elif a.method in LOCAL:
         ddp, opt = local_steps(model, a, world)
         evaluated = Net(a.hidden)  # the outer parameters, at each evaluation
 
@@ -320,6 +409,8 @@ def train(rank, world, a):
                 ran = step + 1
                 break
     tx1 = tx_bytes()
+    if close is not None:
+        diloco.__exit__(None, None, None)
     final = accuracy(evaluation_model(), x_test, y_test) if rank == 0 else 0.0
 
     # Per rank: bytes on the wire per step, and the median step time, of the steady state.
@@ -328,6 +419,8 @@ def train(rank, world, a):
                         dtype=torch.float64)
     everyone = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(everyone, mine)
+    if close is not None:
+        close()
     if rank == 0:
         summary = {
             "method": a.method, "world": world, "target": a.target,

@@ -59,3 +59,27 @@ def test_bad_options_are_refused_before_any_work():
         r = subprocess.run([sys.executable, os.path.join(EXAMPLE, "train.py"), *args],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(DATA, "train-images-idx3-ubyte.gz")),
+                    reason="dataset-fashion-mnist is not installed")
+def test_diloco_from_local_steps_trains_as_torchfts_diloco(tmp_path):
+    # The same algorithm from two codes: LocalSteps (fp32) and torchft's DiLoCo, on the same
+    # seed, batches, inner Adam and outer Nesterov SGD.
+    pytest.importorskip("torchft", reason="torchft is not installed (scripts/install-torchft)")
+    runs = {}
+    for method in ("diloco", "torchft-diloco", "torchft-streaming-diloco"):
+        subprocess.run([sys.executable, os.path.join(EXAMPLE, "train.py"), "--spawn", "2",
+                        "--method", method, "--steps", "24", "--diloco-steps", "8",
+                        "--eval-every", "8", "--eval-samples", "500", "--hidden", "256",
+                        "--out", str(tmp_path)], check=True, timeout=300,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        runs[method] = json.loads((tmp_path / f"{method}.json").read_text())
+    ours, theirs = runs["diloco"], runs["torchft-diloco"]
+    assert [e[0] for e in ours["evaluations"]] == [8, 16, 24]
+    # Within one test example of 500 (of 10000 at the end): fp32 rounding may move one.
+    for a, b in zip(ours["evaluations"], theirs["evaluations"]):
+        assert abs(a[2] - b[2]) <= 0.002, (a, b)
+    assert abs(ours["final_accuracy"] - theirs["final_accuracy"]) <= 0.002
+    assert ours["final_accuracy"] > 0.6
+    assert runs["torchft-streaming-diloco"]["final_accuracy"] > 0.6
