@@ -18,13 +18,16 @@
 #include "catch.hpp"
 #include "pipeline_support.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -311,6 +314,92 @@ TEST_CASE("local steps: chunked sections in the hierarchical exchange", "[pipeli
   } else {
     CHECK(chunked_bytes == pair_bytes);
   }
+}
+
+// A hostile peer in the hierarchical exchange: once armed, it states one more element for a
+// piece than the piece has. Its section is consistent in itself (the sender's checks pass: the
+// same chunks, the same k per chunk, every index in range), so only the receiver, which knows
+// each piece's length, can refuse it.
+struct forging_chunked : chunked_compressor<> {
+  using chunked_compressor<>::chunked_compressor;
+  std::shared_ptr<std::atomic<bool>> armed = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<std::atomic<int>> forged = std::make_shared<std::atomic<int>>(0);
+  [[nodiscard]] chunked_section wire_section(std::uint32_t id) const {
+    chunked_section s = chunked_compressor<>::wire_section(id);
+    const std::uint64_t chunk = std::uint64_t{1} << s.chunk_bits;
+    const std::uint64_t last = s.dense_size % chunk;  // a partial last chunk of >= k elements
+    int none = 0;  // the buckets' sections are written by several threads: forge one
+    if (*armed && last != 0 && last >= s.k && forged->compare_exchange_strong(none, 1)) {
+      ++s.dense_size;
+    }
+    return s;
+  }
+};
+static_assert(compressor<forging_chunked> && detail::packs_chunked<forging_chunked>);
+
+TEST_CASE("local steps: a forged piece from a peer fails every rank, nothing applied",
+          "[pipeline][local_steps][validation]") {
+  const auto topo = cluster_topology::parse("2,2");
+  const int hostile = 2;  // in cluster 1; the owner of its shard in cluster 0 is rank 0
+  std::vector<int> failed(4, 0);
+  std::vector<char> replica_kept(4, 0);
+  std::vector<std::string> what(4);
+  int forged = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_in_process_clusters(topo, [&](in_process_transport& lan, in_process_transport& wan) {
+      const int r = wan.rank();
+      const auto at = static_cast<std::size_t>(r);
+      thread_pool pool{1};
+      const hierarchical_links<in_process_transport> links{lan, wan, topo};
+      forging_chunked c({.chunk_bits = 8, .bits = chunk_value_bits::two});
+      const auto armed = c.armed;
+      const auto count = c.forged;
+      pipeline p(links, pool, std::move(c), sgd_optimizer({.lr = 1.0f}),
+                 {.bucket_bytes = 20000, .staleness = 0, .timeout = std::chrono::seconds(20)},
+                 fixed_density{16.0 / 256});
+      add_sizes(p, r);
+      p.start();
+      params_t replica = shaped_like_sizes();
+      const auto spans = spans_of(replica);
+      for (std::size_t i = 0; i < p.tensor_count(); ++i) p.copy_params(i, spans[i]);
+      local_steps loop(p, {.inner_steps = 2});
+      std::int64_t step = 0;
+      try {
+        while (loop.outer_steps() < 4) {
+          if (r == hostile && loop.outer_steps() == 1) *armed = true;
+          inner_step(replica, r, step++);
+          const params_t before = replica;
+          try {
+            loop.step(spans);
+          } catch (...) {
+            replica_kept[at] = replica == before;
+            throw;
+          }
+        }
+      } catch (const std::exception& e) {
+        failed[at] = 1 + static_cast<int>(loop.outer_steps());
+        what[at] = e.what();
+        if (r == hostile) forged = *count;
+        throw;
+      }
+    });
+    FAIL("no rank failed");
+  } catch (const std::exception& e) {
+    INFO(e.what());
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(seconds < 20.0);
+  CHECK(forged == 1);
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r, what[static_cast<std::size_t>(r)]);
+    CHECK(failed[static_cast<std::size_t>(r)] == 2);  // in the second outer step (1 done)
+    CHECK(replica_kept[static_cast<std::size_t>(r)] == 1);
+  }
+  // The receiver says what was wrong and who sent it.
+  CHECK(what[0].find("rank 2") != std::string::npos);
+  CHECK(what[0].find("size mismatch") != std::string::npos);
 }
 
 // With H = 1, an inner SGD of rate lr and a plain outer SGD of rate 1, the outer step applies
