@@ -14,17 +14,7 @@ from stellatrain.torch.ddp_hook import message_bound
 from stellatrain.torch.kernels import threads_handle
 
 import world
-
-
-def make_model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 30),
-                               torch.nn.ReLU(), torch.nn.Linear(30, 5))
-
-
-def batch(rank, step):
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    return torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+from toy import batch, make_model
 
 
 def train(rank, hook, state, steps, bucket_cap_mb=0.01, lr=0.1, model=None):

@@ -12,17 +12,7 @@ import stellatrain.torch as st
 from stellatrain import _native
 
 import world
-
-
-def make_model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 30),
-                               torch.nn.ReLU(), torch.nn.Linear(30, 5))
-
-
-def batch(rank, step):
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    return torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+from toy import batch, make_model
 
 
 def loss_of(model, rank, step):

@@ -88,6 +88,43 @@ void require_same_on_every_rank(const std::vector<std::vector<params_t>>& per_ra
   }
 }
 
+// What one rank saw when an outer step threw: the outer step it threw in (from 1), whether its
+// replica was left as it was, and the error.
+struct outer_failure {
+  int step = 0;
+  bool replica_kept = false;
+  std::string what;
+};
+
+// Outer steps of H = 2 on `p` until `outer_steps` are done or one throws, which is recorded in
+// `out` and rethrown; `before(outer steps done)` runs before each inner step.
+template <class Pipeline, class Before>
+void train_until_failure(Pipeline& p, int rank, int outer_steps, outer_failure& out,
+                         Before&& before) {
+  params_t replica = shaped_like_sizes();
+  const auto spans = spans_of(replica);
+  for (std::size_t i = 0; i < p.tensor_count(); ++i) p.copy_params(i, spans[i]);
+  local_steps loop(p, {.inner_steps = 2});
+  std::int64_t step = 0;
+  try {
+    while (loop.outer_steps() < outer_steps) {
+      before(static_cast<int>(loop.outer_steps()));
+      inner_step(replica, rank, step++);
+      const params_t kept = replica;
+      try {
+        loop.step(spans);
+      } catch (...) {
+        out.replica_kept = replica == kept;
+        throw;
+      }
+    }
+  } catch (const std::exception& e) {
+    out.step = 1 + static_cast<int>(loop.outer_steps());
+    out.what = e.what();
+    throw;
+  }
+}
+
 }  // namespace
 
 TEST_CASE("local steps: the outer step is Nesterov SGD on the mean pseudo-gradient",
@@ -341,15 +378,12 @@ TEST_CASE("local steps: a forged piece from a peer fails every rank, nothing app
           "[pipeline][local_steps][validation]") {
   const auto topo = cluster_topology::parse("2,2");
   const int hostile = 2;  // in cluster 1; the owner of its shard in cluster 0 is rank 0
-  std::vector<int> failed(4, 0);
-  std::vector<char> replica_kept(4, 0);
-  std::vector<std::string> what(4);
+  std::vector<outer_failure> failures(4);
   int forged = 0;
   const auto t0 = std::chrono::steady_clock::now();
   try {
     run_in_process_clusters(topo, [&](in_process_transport& lan, in_process_transport& wan) {
       const int r = wan.rank();
-      const auto at = static_cast<std::size_t>(r);
       thread_pool pool{1};
       const hierarchical_links<in_process_transport> links{lan, wan, topo};
       forging_chunked c({.chunk_bits = 8, .bits = chunk_value_bits::two});
@@ -360,26 +394,11 @@ TEST_CASE("local steps: a forged piece from a peer fails every rank, nothing app
                  fixed_density{16.0 / 256});
       add_sizes(p, r);
       p.start();
-      params_t replica = shaped_like_sizes();
-      const auto spans = spans_of(replica);
-      for (std::size_t i = 0; i < p.tensor_count(); ++i) p.copy_params(i, spans[i]);
-      local_steps loop(p, {.inner_steps = 2});
-      std::int64_t step = 0;
       try {
-        while (loop.outer_steps() < 4) {
-          if (r == hostile && loop.outer_steps() == 1) *armed = true;
-          inner_step(replica, r, step++);
-          const params_t before = replica;
-          try {
-            loop.step(spans);
-          } catch (...) {
-            replica_kept[at] = replica == before;
-            throw;
-          }
-        }
-      } catch (const std::exception& e) {
-        failed[at] = 1 + static_cast<int>(loop.outer_steps());
-        what[at] = e.what();
+        train_until_failure(p, r, 4, failures[static_cast<std::size_t>(r)], [&](int done) {
+          if (r == hostile && done == 1) *armed = true;
+        });
+      } catch (...) {
         if (r == hostile) forged = *count;
         throw;
       }
@@ -392,14 +411,14 @@ TEST_CASE("local steps: a forged piece from a peer fails every rank, nothing app
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(seconds < 20.0);
   CHECK(forged == 1);
-  for (int r = 0; r < 4; ++r) {
-    CAPTURE(r, what[static_cast<std::size_t>(r)]);
-    CHECK(failed[static_cast<std::size_t>(r)] == 2);  // in the second outer step (1 done)
-    CHECK(replica_kept[static_cast<std::size_t>(r)] == 1);
+  for (const outer_failure& f : failures) {
+    CAPTURE(f.what);
+    CHECK(f.step == 2);  // in the second outer step (1 done)
+    CHECK(f.replica_kept);
   }
   // The receiver says what was wrong and who sent it.
-  CHECK(what[0].find("rank 2") != std::string::npos);
-  CHECK(what[0].find("size mismatch") != std::string::npos);
+  CHECK(failures[0].what.find("rank 2") != std::string::npos);
+  CHECK(failures[0].what.find("size mismatch") != std::string::npos);
 }
 
 // With H = 1, an inner SGD of rate lr and a plain outer SGD of rate 1, the outer step applies
@@ -528,8 +547,7 @@ TEST_CASE("local steps: a checkpoint after an outer step resumes bit-identically
 TEST_CASE("local steps: a rank failing in the outer exchange fails every rank",
           "[pipeline][local_steps]") {
   const int ranks = 3;
-  std::vector<int> failed(ranks, 0);
-  std::vector<char> replica_kept(ranks, 0);
+  std::vector<outer_failure> failures(ranks);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     run_in_process(ranks, [&](in_process_transport& t) {
@@ -544,26 +562,7 @@ TEST_CASE("local steps: a rank failing in the outer exchange fails every rank",
                  fixed_density{0.1});
       add_sizes(p, r);
       p.start();
-      params_t replica = shaped_like_sizes();
-      const auto spans = spans_of(replica);
-      for (std::size_t i = 0; i < p.tensor_count(); ++i) p.copy_params(i, spans[i]);
-      local_steps loop(p, {.inner_steps = 2});
-      std::int64_t step = 0;
-      try {
-        while (loop.outer_steps() < 5) {
-          inner_step(replica, r, step++);
-          const params_t before = replica;
-          try {
-            loop.step(spans);
-          } catch (...) {
-            replica_kept[static_cast<std::size_t>(r)] = replica == before;
-            throw;
-          }
-        }
-      } catch (const std::exception&) {
-        failed[static_cast<std::size_t>(r)] = 1 + static_cast<int>(loop.outer_steps());
-        throw;
-      }
+      train_until_failure(p, r, 5, failures[static_cast<std::size_t>(r)], [](int) {});
     });
     FAIL("no rank failed");
   } catch (const std::exception& e) {
@@ -572,10 +571,10 @@ TEST_CASE("local steps: a rank failing in the outer exchange fails every rank",
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(seconds < 20.0);
-  for (int r = 0; r < ranks; ++r) {
-    CAPTURE(r);
-    CHECK(failed[static_cast<std::size_t>(r)] == 3);  // in the third outer step (2 done)
-    CHECK(replica_kept[static_cast<std::size_t>(r)] == 1);
+  for (const outer_failure& f : failures) {
+    CAPTURE(f.what);
+    CHECK(f.step == 3);  // in the third outer step (2 done)
+    CHECK(f.replica_kept);
   }
 }
 
