@@ -10,10 +10,11 @@ chunked codec, --local-topk of every 4096 at --local-bits, error feedback with d
 plain outer SGD of rate 1); or torchft's own DiLoCo and Streaming DiLoCo (torchft.local_sgd
 from PyPI, scripts/install-torchft: torchft-diloco, torchft-streaming-diloco, the same H, inner
 and outer optimizers as diloco; the streaming one in two fragments, fc1 and the rest, each
-synchronised every H steps in turn, --streaming-delay steps of overlap). With clusters (--clusters, or wan-emu's -c), the local-steps
-methods run DDP inside each cluster and the outer exchange between the clusters. Every method
-trains the same model from the same seed on the same batches with the same (inner) optimizer
-for the same number of steps; the local-steps methods are evaluated on the outer parameters.
+synchronised every H steps in turn, --streaming-delay steps of overlap). With clusters
+(--clusters, or wan-emu's -c), stellatrain's local-steps methods run DDP inside each cluster and
+the outer exchange between the clusters. Every method trains the same model from the same seed
+on the same batches with the same (inner) optimizer for the same number of steps; the
+local-steps methods are evaluated on the outer parameters.
 
 One process per rank. The rank and world come from torch's variables (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT) or from wan-emu's (WAN_EMU_RANK, WAN_EMU_SIZE, WAN_EMU_ADDRS: rank
@@ -61,7 +62,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--method", "--hook", dest="method", choices=METHODS, required=True,
                    help="a DDP hook, or local steps (diloco, stellatrain-local, torchft's)")
-    p.add_argument("--steps", type=int, default=400, help="training steps (inner steps) of every method")
+    p.add_argument("--steps", type=int, default=400,
+                   help="training steps (inner steps) of every method")
     p.add_argument("--batch", type=int, default=32, help="examples per rank and step")
     p.add_argument("--hidden", type=int, default=4096, help="width of the hidden layer")
     p.add_argument("--bucket-mb", type=float, default=32,
@@ -232,7 +234,7 @@ def cluster_sizes(a, world):
 
 def local_steps(model, a, world):
     """The local-steps method named by --method around `model`: (the network to train, the
-    optimizer, the outer step's parameters for evaluations)."""
+    LocalSteps optimizer)."""
     sizes = cluster_sizes(a, world)
     groups = None
     if sizes:

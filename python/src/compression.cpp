@@ -184,9 +184,9 @@ void decode_all(st::message_unpacker& unpacker, std::uint32_t id, std::uint64_t 
 // Error feedback + selection + packing of registered tensors, and the mean of the messages
 // of every rank. The selector "chunked" is the chunked low-bit codec (compress/
 // chunked_compressor.hpp: values "1bit" or "2bit", k per chunk ceil(k 2^b / n)), whose
-// selections travel as chunked sections. Calls are serialised: the hook compresses the next bucket on its thread while
-// the exchange's callback reduces the previous one on another. The mutex is taken with the
-// GIL released, and nothing under it takes the GIL.
+// selections travel as chunked sections. Calls are serialised: the hook compresses the next
+// bucket on its thread while the exchange's callback reduces the previous one on another. The
+// mutex is taken with the GIL released, and nothing under it takes the GIL.
 class codec {
  public:
   codec(const std::string& selector, const std::string& values, std::uint64_t seed,
@@ -362,8 +362,9 @@ class codec {
                              std::uint64_t seed, unsigned chunk_bits, float decay) {
     if (selector == "chunked") {
       if (values != "1bit" && values != "2bit") {
-        throw py::value_error("stellatrain: the chunked codec's values must be '1bit' or '2bit', got '" +
-                              values + "'");
+        throw py::value_error(
+            "stellatrain: the chunked codec's values must be '1bit' or '2bit', got '" + values +
+            "'");
       }
       const st::chunked_compressor_options o{
           .chunk_bits = chunk_bits,
