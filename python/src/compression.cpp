@@ -14,6 +14,7 @@
 #include <stellatrain/pack/packer.hpp>
 #include <stellatrain/pack/unpacker.hpp>
 #include <stellatrain/pack/wire_format.hpp>
+#include <stellatrain/pipeline/detail/bucket_message.hpp>
 #include <stellatrain/pipeline/step_reports.hpp>
 #include <stellatrain/select/exact_topk.hpp>
 #include <stellatrain/select/runtime_selector.hpp>
@@ -137,18 +138,6 @@ std::optional<st::rank_report> combine_latest(std::span<const message_reports> r
   return agg.result(step);
 }
 
-// Throws `e` again with `who` and the rank in front of what it says (its code kept).
-[[noreturn]] void rethrow_for_rank(const st::error& e, const std::string& who, std::size_t rank) {
-  std::string what = e.what();
-  // std::system_error appends ": <the code's message>"; the new error appends it again.
-  const std::string suffix = ": " + e.code().message();
-  if (what.size() >= suffix.size() &&
-      what.compare(what.size() - suffix.size(), suffix.size(), suffix) == 0) {
-    what.resize(what.size() - suffix.size());
-  }
-  throw st::error(static_cast<st::errc>(e.code().value()),
-                  who + ": rank " + std::to_string(rank) + ": " + what);
-}
 
 // Decodes the one section of tensor `id` (of `n` elements) in each of `messages` (one buffer
 // per rank, the message at its front) into `decoded` (one float buffer per rank) and reads its
@@ -176,7 +165,7 @@ void decode_all(st::message_unpacker& unpacker, std::uint32_t id, std::uint64_t 
       buf.resize(info.sections[0].count);
       unpacker.decode(0, buf, ex);
     } catch (const st::error& e) {
-      rethrow_for_rank(e, who, w);
+      st::detail::rethrow_with_context(e, who + ": rank " + std::to_string(w));
     }
   }
 }

@@ -125,6 +125,19 @@ void train_until_failure(Pipeline& p, int rank, int outer_steps, outer_failure& 
   }
 }
 
+// Runs `ranks` (which must throw on some rank: the test fails otherwise); returns its seconds.
+template <class Ranks>
+double seconds_until_failure(Ranks&& ranks) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ranks();
+    FAIL("no rank failed");
+  } catch (const std::exception& e) {
+    INFO(e.what());
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
 
 TEST_CASE("local steps: the outer step is Nesterov SGD on the mean pseudo-gradient",
@@ -380,8 +393,7 @@ TEST_CASE("local steps: a forged piece from a peer fails every rank, nothing app
   const int hostile = 2;  // in cluster 1; the owner of its shard in cluster 0 is rank 0
   std::vector<outer_failure> failures(4);
   int forged = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
+  const double seconds = seconds_until_failure([&] {
     run_in_process_clusters(topo, [&](in_process_transport& lan, in_process_transport& wan) {
       const int r = wan.rank();
       thread_pool pool{1};
@@ -403,12 +415,7 @@ TEST_CASE("local steps: a forged piece from a peer fails every rank, nothing app
         throw;
       }
     });
-    FAIL("no rank failed");
-  } catch (const std::exception& e) {
-    INFO(e.what());
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
   CHECK(seconds < 20.0);
   CHECK(forged == 1);
   for (const outer_failure& f : failures) {
@@ -548,8 +555,7 @@ TEST_CASE("local steps: a rank failing in the outer exchange fails every rank",
           "[pipeline][local_steps]") {
   const int ranks = 3;
   std::vector<outer_failure> failures(ranks);
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
+  const double seconds = seconds_until_failure([&] {
     run_in_process(ranks, [&](in_process_transport& t) {
       const int r = t.rank();
       thread_pool pool{1};
@@ -564,12 +570,7 @@ TEST_CASE("local steps: a rank failing in the outer exchange fails every rank",
       p.start();
       train_until_failure(p, r, 5, failures[static_cast<std::size_t>(r)], [](int) {});
     });
-    FAIL("no rank failed");
-  } catch (const std::exception& e) {
-    INFO(e.what());
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
   CHECK(seconds < 20.0);
   for (const outer_failure& f : failures) {
     CAPTURE(f.what);
