@@ -418,9 +418,18 @@ TEST_CASE("local steps: a forged piece from a peer fails every rank, nothing app
   });
   CHECK(seconds < 20.0);
   CHECK(forged == 1);
-  for (const outer_failure& f : failures) {
-    CAPTURE(f.what);
-    CHECK(f.step == 2);  // in the second outer step (1 done)
+  // The receiving cluster (ranks 0 and 1) fails in the second outer step with its replicas
+  // kept. The hostile rank's cluster received whole, valid messages of that step and may
+  // complete it before the failure reaches it (the exchange has no commit round), then fails
+  // in the next one, again applying nothing of it.
+  for (std::size_t r = 0; r < failures.size(); ++r) {
+    const outer_failure& f = failures[r];
+    CAPTURE(r, f.what);
+    if (topo.cluster_of(static_cast<int>(r)) == 0) {
+      CHECK(f.step == 2);
+    } else {
+      CHECK((f.step == 2 || f.step == 3));
+    }
     CHECK(f.replica_kept);
   }
   // The receiver says what was wrong and who sent it.
